@@ -1,0 +1,129 @@
+"""A small typed-record machinery shared by the JSON wire records.
+
+Each record is a frozen dataclass whose fields are described by :class:`Field`; decoding a
+dict checks presence, type, range and allowed values, and rejects unknown keys, so a
+message we do not understand is an error naming the field rather than silently wrong data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, TypeVar
+
+import orjson
+
+from pulse.errors import DecodeError, EncodeError
+
+T = TypeVar("T", bound="Record")
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+UINT32 = (0, (1 << 32) - 1)
+NONNEG = (0, (1 << 63) - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    kind: str  # "int", "float", "str", "bool", "list[int]", "list[str]", "list[list[int]]", "json"
+    required: bool = True
+    choices: Sequence[Any] | None = None
+    bounds: tuple[int | float, int | float] | None = None
+    check: Callable[[Any], str | None] | None = None
+
+
+def _type_ok(kind: str, v: Any) -> bool:
+    if kind == "int":
+        return isinstance(v, int) and not isinstance(v, bool)
+    if kind == "float":
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
+    if kind == "str":
+        return isinstance(v, str)
+    if kind == "bool":
+        return isinstance(v, bool)
+    if kind == "list[int]":
+        return isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+    if kind == "list[str]":
+        return isinstance(v, list) and all(isinstance(x, str) for x in v)
+    if kind == "list[list[int]]":
+        return isinstance(v, list) and all(_type_ok("list[int]", x) for x in v)
+    if kind == "json":
+        return True
+    raise AssertionError(kind)
+
+
+def validate_fields(fields: Sequence[Field], data: dict[str, Any], where: str, err: type[Exception]) -> dict[str, Any]:
+    known = {f.name for f in fields}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise err(f"{where}: unknown field(s) {', '.join(unknown)}")
+    out: dict[str, Any] = {}
+    for f in fields:
+        if f.name not in data or data[f.name] is None:
+            if f.required:
+                raise err(f"{where}: missing field {f.name!r}")
+            out[f.name] = None
+            continue
+        v = data[f.name]
+        if not _type_ok(f.kind, v):
+            raise err(f"{where}: field {f.name!r} must be {f.kind}, got {type(v).__name__} {v!r:.60}")
+        if f.choices is not None and v not in f.choices:
+            raise err(f"{where}: field {f.name!r}={v!r} is not one of {', '.join(map(str, f.choices))}")
+        if f.bounds is not None:
+            lo, hi = f.bounds
+            vals = v if isinstance(v, list) else [v]
+            for x in vals:
+                if not lo <= x <= hi:
+                    raise err(f"{where}: field {f.name!r}={x!r} outside [{lo}, {hi}]")
+        if f.check is not None:
+            problem = f.check(v)
+            if problem:
+                raise err(f"{where}: field {f.name!r}: {problem}")
+        out[f.name] = v
+    return out
+
+
+class Record:
+    """Mixin for frozen dataclasses with a ``FIELDS`` table and a ``TYPE`` tag."""
+
+    FIELDS: ClassVar[tuple[Field, ...]]
+    TYPE: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        validate_fields(self.FIELDS, {f.name: getattr(self, f.name) for f in self.FIELDS},
+                        f"{self.TYPE} record", EncodeError)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.TYPE, "v": 1}
+        for f in self.FIELDS:
+            v = getattr(self, f.name)
+            if v is not None:
+                out[f.name] = v
+        return out
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(self.to_dict())
+
+    @classmethod
+    def from_dict(cls: type[T], data: dict[str, Any], where: str | None = None) -> T:
+        where = where or f"{cls.TYPE} record"
+        if not isinstance(data, dict):
+            raise DecodeError(f"{where}: expected a JSON object, got {type(data).__name__}")
+        body = dict(data)
+        if body.pop("type", cls.TYPE) != cls.TYPE:
+            raise DecodeError(f"{where}: type {data.get('type')!r} is not {cls.TYPE!r}")
+        version = body.pop("v", None)
+        if version != 1:
+            raise DecodeError(f"{where}: unsupported version v={version!r} (this Pulse reads v=1)")
+        values = validate_fields(cls.FIELDS, body, where, DecodeError)
+        try:
+            return cls(**values)
+        except EncodeError as exc:  # cross-field checks in __post_init__
+            raise DecodeError(str(exc)) from None
+
+
+def loads(raw: bytes | bytearray | memoryview | str, where: str) -> Any:
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(f"{where}: not valid JSON ({exc})") from None

@@ -1,0 +1,20 @@
+"""``pulse bench``: every figure is printed with a reference measured in the same run and
+their ratio, since the machines are shared and noisy (DESIGN.md "Budgets")."""
+
+from __future__ import annotations
+
+import click
+
+from pulse.cli import LazyGroup
+
+BENCHES: dict[str, tuple[str, str]] = {
+    "sim": ("pulse.sim.bench:bench_sim", "Simulated seconds per wall second at the default size."),
+    "segment": ("pulse.segmentation.bench:bench_segment", "Segmentation kernel rows/s vs a bare numpy pass."),
+    "pcap": ("pulse.nic.bench:bench_pcap", "pcap read+decode+bin packets/s vs tcpdump -r."),
+    "pipeline": ("pulse.streams.bench:bench_pipeline", "Producer->broker->segment agent vs raw aiokafka; demo latency."),
+}
+
+
+@click.group(cls=LazyGroup, lazy=BENCHES)
+def bench() -> None:
+    """Benchmarks (figure, same-run reference, ratio)."""

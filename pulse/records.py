@@ -1,0 +1,167 @@
+"""Operator metrics (``pulse.op-metrics``) and verdicts (``pulse.verdicts``), keyed by job."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pulse._schema import INT64, NONNEG, Field, Record, loads
+from pulse.errors import DecodeError
+from pulse.events import OP_KINDS, _comm_id, _name
+
+STATUSES = ("healthy", "anomaly", "insufficient-data", "cleared")
+VERDICT_KINDS = ("network-slow", "network-stop", "compute-slow", "compute-stop", "host-contention", "path")
+LEVELS = ("node", "group")
+NETWORK_KINDS = ("network-slow", "network-stop", "path")
+"""Kind families used in scoring: a network verdict for a compute cause is a misdiagnosis."""
+
+
+def kind_family(kind: str | None) -> str | None:
+    if kind is None:
+        return None
+    return "network" if kind in NETWORK_KINDS else "compute"
+
+
+@dataclasses.dataclass(frozen=True)
+class OpMetrics(Record):
+    TYPE = "op-metrics"
+    FIELDS = (
+        Field("job", "str", check=_name("job", True)),
+        Field("node", "str", check=_name("node")),
+        Field("comm_id", "str", check=_comm_id),
+        Field("seq", "int", bounds=NONNEG),
+        Field("rank", "int", bounds=(0, 1 << 24)),
+        Field("kind", "str", choices=OP_KINDS),
+        Field("nranks", "int", bounds=(1, 1 << 24)),
+        Field("start_ns", "int", bounds=INT64),
+        Field("end_ns", "int", bounds=INT64),
+        Field("duration_ns", "int", bounds=NONNEG),
+        Field("act_ns", "int", bounds=NONNEG),
+        Field("volume_bytes", "int", bounds=NONNEG),
+        Field("expected_bytes", "int", bounds=NONNEG),
+        Field("complete", "bool"),
+        Field("active_rate", "float", bounds=(0.0, 1e15)),
+        Field("flows", "int", bounds=(0, 1 << 24)),
+        Field("epoch_ns", "int", bounds=(1, 1 << 40)),
+        Field("nics", "list[str]", required=False),
+        Field("group", "int", required=False, bounds=NONNEG),
+        Field("t_host_ns", "int", required=False, bounds=INT64),
+    )
+    job: str
+    node: str
+    comm_id: str
+    seq: int
+    rank: int
+    kind: str
+    nranks: int
+    start_ns: int
+    """First active epoch of the operator on this rank (node clock)."""
+    end_ns: int
+    duration_ns: int
+    act_ns: int
+    """Actual communication time: active epochs x epoch length, gaps excluded."""
+    volume_bytes: int
+    expected_bytes: int
+    complete: bool
+    active_rate: float
+    """volume / ACT in bytes per second (0 when nothing was sent)."""
+    flows: int
+    epoch_ns: int
+    nics: list[str] | None = None
+    group: int | None = None
+    t_host_ns: int | None = None
+    """When the operator was issued on the host (from its op event), node clock."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.end_ns < self.start_ns:
+            raise DecodeError(f"op-metrics: end_ns {self.end_ns} < start_ns {self.start_ns}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict(Record):
+    TYPE = "verdict"
+    FIELDS = (
+        Field("job", "str", check=_name("job", True)),
+        Field("status", "str", choices=STATUSES),
+        Field("kind", "str", required=False, choices=VERDICT_KINDS),
+        Field("level", "str", required=False, choices=LEVELS),
+        Field("nodes", "list[str]"),
+        Field("ranks", "list[int]"),
+        Field("nics", "list[str]"),
+        Field("confidence", "float", bounds=(0.0, 1.0)),
+        Field("evidence", "json"),
+        Field("window", "json"),
+        Field("first_seen_ns", "int", bounds=INT64),
+        Field("emitted_at", "int", bounds=INT64),
+        Field("method", "str", required=False, choices=("pulse", "baseline")),
+        Field("id", "str", required=False),
+    )
+    job: str
+    status: str
+    kind: str | None
+    level: str | None
+    nodes: list[str]
+    ranks: list[int]
+    nics: list[str]
+    confidence: float
+    evidence: Any
+    """The metric values that decided it, and the peers they were compared with."""
+    window: Any
+    """What the verdict covers: {"comm_id", "first_seq", "last_seq", "ops"}."""
+    first_seen_ns: int
+    """Trace time (culprit-side clock) of the first operator showing the anomaly."""
+    emitted_at: int
+    """Wall clock (ns since the Unix epoch) when the verdict was produced."""
+    method: str | None = "pulse"
+    id: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.status == "anomaly" and (self.kind is None or self.level is None):
+            raise DecodeError("verdict: an anomaly needs kind and level")
+        if not isinstance(self.evidence, dict) or not isinstance(self.window, dict):
+            raise DecodeError("verdict: evidence and window must be JSON objects")
+
+
+def decode_op_metrics(raw: bytes | bytearray | memoryview | str, where: str = "op-metrics") -> OpMetrics:
+    return OpMetrics.from_dict(loads(raw, where), where)
+
+
+def decode_verdict(raw: bytes | bytearray | memoryview | str, where: str = "verdict") -> Verdict:
+    return Verdict.from_dict(loads(raw, where), where)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpLevel(Record):
+    """Per-rank operator start/end as CCL instrumentation records it (``oplevel.jsonl``).
+
+    This is all an operator-level tool sees; the baseline localizer reads only this.
+    ``end_ns`` is None for an operator that never finished on that rank.
+    """
+
+    TYPE = "oplevel"
+    FIELDS = (
+        Field("job", "str", check=_name("job", True)),
+        Field("node", "str", check=_name("node")),
+        Field("comm_id", "str", check=_comm_id),
+        Field("rank", "int", bounds=(0, 1 << 24)),
+        Field("seq", "int", bounds=NONNEG),
+        Field("kind", "str", choices=OP_KINDS),
+        Field("nranks", "int", bounds=(1, 1 << 24)),
+        Field("start_ns", "int", bounds=INT64),
+        Field("end_ns", "int", required=False, bounds=INT64),
+    )
+    job: str
+    node: str
+    comm_id: str
+    rank: int
+    seq: int
+    kind: str
+    nranks: int
+    start_ns: int
+    end_ns: int | None = None
+
+
+def decode_oplevel(raw: bytes | bytearray | memoryview | str, where: str = "oplevel") -> OpLevel:
+    return OpLevel.from_dict(loads(raw, where), where)
