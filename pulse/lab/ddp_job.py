@@ -1,0 +1,50 @@
+"""A small DDP training job over Gloo, run as a plain script in each lab namespace.
+
+It knows nothing of Pulse (it imports only torch and the standard library); the lab reads
+its stdout for progress ("step N t_ms=...") and learns operators through the torch
+injection on PYTHONPATH, exactly as it would on a tenant's job.
+"""
+
+import os
+import sys
+import time
+
+
+def main() -> int:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    steps = int(os.environ.get("LAB_STEPS", "20"))
+    width = int(os.environ.get("LAB_WIDTH", "768"))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(1234 + rank)
+    model = nn.Sequential(
+        nn.Linear(width, width), nn.ReLU(),
+        nn.Linear(width, width), nn.ReLU(),
+        nn.Linear(width, width), nn.ReLU(),
+        nn.Linear(width, 16),
+    )
+    # Small buckets: several gradient AllReduces per step, as in a real job.
+    ddp = DistributedDataParallel(model, bucket_cap_mb=1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x = torch.randn(64, width)
+    y = torch.randn(64, 16)
+    for step in range(steps):
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        dt = (time.perf_counter() - t0) * 1e3
+        print(f"step {step} t_ms={dt:.1f} wall_ns={time.time_ns()}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

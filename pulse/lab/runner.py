@@ -1,0 +1,210 @@
+"""Run the DDP job in the lab network, capture it, inject the fault, tear everything down."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from pulse.errors import ServiceError
+from pulse.lab.faults import Fault, FaultInjector
+from pulse.lab.netns import LabNetwork, cgroup_root, require_root
+
+MASTER_PORT = 29500
+_STEP = re.compile(r"^step (\d+) t_ms=([\d.]+) wall_ns=(\d+)")
+
+
+@dataclasses.dataclass
+class LabRun:
+    workdir: Path
+    pcap: Path
+    hook_dir: Path
+    nodes: dict[str, str]
+    """node name -> IPv4 address"""
+    ranks: dict[int, str]
+    """rank -> node name"""
+    fault: Fault
+    onset_wall_ns: int | None
+    step_ms: dict[int, list[float]]
+    capture_drops: int | None
+    capture_packets: int | None
+    master_port: int = MASTER_PORT
+
+
+def _injection_dir() -> Path:
+    from pulse.hooks import torch_injection_dir  # the hooks package ships the sitecustomize
+
+    return Path(torch_injection_dir())
+
+
+class _Cgroups:
+    def __init__(self, ranks: int, tag: str) -> None:
+        root = cgroup_root()
+        self.paths: dict[int, Path] = {}
+        if root is None:
+            return
+        for r in range(ranks):
+            p = root / f"{tag}-r{r}"
+            p.mkdir(exist_ok=True)
+            (p / "cpu.cfs_quota_us").write_text("-1")
+            self.paths[r] = p
+
+    def close(self) -> None:
+        parent_tasks = self.paths and next(iter(self.paths.values())).parent / "tasks"
+        for p in self.paths.values():
+            try:
+                # Move stragglers back to the root group so the directory can go.
+                for pid in (p / "tasks").read_text().split():
+                    try:
+                        Path(str(parent_tasks)).write_text(pid)
+                    except OSError:
+                        pass
+                p.rmdir()
+            except OSError:
+                pass
+        self.paths.clear()
+
+
+def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
+            log: callable = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
+            width: int = 768) -> LabRun:
+    require_root()
+    workdir.mkdir(parents=True, exist_ok=True)
+    hook_dir = workdir / "hooks"
+    hook_dir.mkdir(exist_ok=True)
+    pcap = workdir / "capture.pcap"
+    tag = f"pulse-lab-{os.getpid()}"
+    procs: list[subprocess.Popen[str]] = []
+    tcpdump: subprocess.Popen[str] | None = None
+    cgroups = _Cgroups(ranks, tag)
+    step_ms: dict[int, list[float]] = {r: [] for r in range(ranks)}
+    onset: list[int] = []
+    old_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    net = LabNetwork(ranks)
+    injector: FaultInjector | None = None
+    drops = packets = None
+    try:
+        net.create()
+        injector = FaultInjector(net, fault, cgroups.paths)
+        tcpdump = subprocess.Popen(
+            ["ip", "netns", "exec", net.switch_ns, "tcpdump", "-i", net.bridge, "-s", "96", "-B", "65536",
+             "--time-stamp-precision=nano", "-n", "-w", str(pcap), "tcp"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _wait_listening(tcpdump)
+        injection = _injection_dir()
+        script = Path(__file__).with_name("ddp_job.py")
+        master = net.nodes[0].address
+        for r, node in enumerate(net.nodes):
+            env = {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": os.environ.get("HOME", "/root"),
+                "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT),
+                "WORLD_SIZE": str(ranks), "RANK": str(r), "LOCAL_RANK": "0",
+                "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": str(injection), "PULSE_HOOK_DIR": str(hook_dir),
+                "PULSE_NODE": node.name, "PULSE_JOB": "lab",
+                "LAB_STEPS": str(steps), "LAB_WIDTH": str(width),
+            }
+            cg = cgroups.paths.get(r)
+            # Join the cgroup first: `ip netns exec` remounts /sys inside the namespace.
+            join = f"echo $$ > {cg}/tasks; " if cg else ""
+            cmd = ["sh", "-c", f"{join}exec ip netns exec {node.netns} {sys.executable} -u {script}"]
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True))
+        errors: dict[int, list[str]] = {r: [] for r in range(ranks)}
+
+        def reader(r: int, p: subprocess.Popen[str]) -> None:
+            assert p.stdout is not None
+            for line in p.stdout:
+                m = _STEP.match(line)
+                if not m:
+                    errors[r].append(line.rstrip())
+                    continue
+                step = int(m.group(1))
+                step_ms[r].append(float(m.group(2)))
+                if r == 0:
+                    log(f"  step {step:3d}  {float(m.group(2)):8.1f} ms")
+                    if step + 1 == fault_after and fault.kind != "none" and not onset:
+                        injector.apply()  # type: ignore[union-attr]
+                        onset.append(time.time_ns())
+                        log(f"  fault {fault.text} injected after step {step}")
+
+        threads = [threading.Thread(target=reader, args=(r, p), daemon=True) for r, p in enumerate(procs)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + timeout_s
+        for r, p in enumerate(procs):
+            left = max(1.0, deadline - time.monotonic())
+            try:
+                rc = p.wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                raise ServiceError(f"lab job did not finish within {timeout_s:.0f} s (rank {r})") from None
+            if rc != 0:
+                tail = "\n".join(errors[r][-15:])
+                raise ServiceError(f"lab rank {r} exited with {rc}:\n{tail}")
+        for t in threads:
+            t.join(timeout=5)
+        drops, packets = _stop_tcpdump(tcpdump)
+        tcpdump = None
+    finally:
+        signal.signal(signal.SIGTERM, old_term)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
+        if tcpdump is not None:
+            _stop_tcpdump(tcpdump)
+        if injector is not None:
+            injector.remove()
+        cgroups.close()
+        net.close()
+    return LabRun(workdir=workdir, pcap=pcap, hook_dir=hook_dir,
+                  nodes={n.name: n.address for n in net.nodes},
+                  ranks={n.index: n.name for n in net.nodes}, fault=fault,
+                  onset_wall_ns=onset[0] if onset else None, step_ms=step_ms,
+                  capture_drops=drops, capture_packets=packets)
+
+
+def _wait_listening(proc: subprocess.Popen[str]) -> None:
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "listening on" in line:
+            return
+        if proc.poll() is not None or not line:
+            raise ServiceError(f"tcpdump did not start: {line.strip()}")
+    raise ServiceError("tcpdump did not start listening within 10 s")
+
+
+def _stop_tcpdump(proc: subprocess.Popen[str]) -> tuple[int | None, int | None]:
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return None, None
+    drops = packets = None
+    for line in err.splitlines():
+        m = re.match(r"(\d+) packets? dropped by kernel", line)
+        if m:
+            drops = int(m.group(1))
+        m = re.match(r"(\d+) packets? captured", line)
+        if m:
+            packets = int(m.group(1))
+    return drops, packets
