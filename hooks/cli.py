@@ -1,0 +1,147 @@
+"""``pulse hooks``: build the NCCL profiler plugin, read its records, parse NCCL logs, read
+``rdma res`` output, locate the torch.distributed injection directory."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+
+from pulse.errors import ConfigError
+from pulse.events import HookEvent
+
+
+def _emit(events: Iterable[HookEvent], as_json: bool) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    out = sys.stdout.buffer
+    for ev in events:
+        counts[ev.TYPE] = counts.get(ev.TYPE, 0) + 1
+        if as_json:
+            out.write(ev.to_json() + b"\n")
+            out.flush()
+    return counts
+
+
+def _summary(what: str, counts: dict[str, int], stats: dict[str, int]) -> None:
+    ev = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no events"
+    st = ", ".join(f"{k}={v}" for k, v in sorted(stats.items()) if v)
+    click.echo(f"{what}: {ev}" + (f" ({st})" if st else ""), err=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def hooks() -> None:
+    """Operator-descriptor sources: the NCCL profiler plugin, NCCL logs, rdma res, torch."""
+
+
+@hooks.command()
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Directory for libnccl-profiler-pulse.so (default: a per-user cache).")
+@click.option("--force", is_flag=True, help="Rebuild even when the cached build is up to date.")
+def build(out_dir: str | None, force: bool) -> None:
+    """Compile the NCCL profiler plugin with the system C compiler; print its path.
+
+    Load it with NCCL_PROFILER_PLUGIN=<path> (or that line in /etc/nccl.conf); records go to
+    $PULSE_HOOK_DIR/pulse-nccl-<host>-<pid>.rec or the datagram socket $PULSE_HOOK_SOCKET.
+    """
+    from pulse.hooks.build import build_plugin
+
+    click.echo(str(build_plugin(out_dir, force=force)))
+
+
+@hooks.command("parse-log")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--follow", "-f", is_flag=True, help="Keep reading as the file grows (Ctrl-C to stop).")
+@click.option("--idle-exit", type=float, default=None, metavar="SECONDS",
+              help="With --follow: stop after this many seconds without new lines.")
+@click.option("--json", "as_json", is_flag=True, help="Print hook events as JSON lines on stdout.")
+@click.option("--job", default="", help="Job name to put in the events.")
+@click.option("--node", default=None, help="Node name (default: the host name in each line).")
+def parse_log(file: str, follow: bool, idle_exit: float | None, as_json: bool, job: str, node: str | None) -> None:
+    """Turn NCCL_DEBUG=INFO output (INIT, COLL, NET, GRAPH) into comm/op/flow events."""
+    from pulse.hooks.nccl_log import NcclLogParser, follow_file, parse_file
+
+    if follow:
+        parser = NcclLogParser(job=job, node=node)
+        counts: dict[str, int] = {}
+        try:
+            counts = _emit(follow_file(file, parser, idle_timeout=idle_exit), as_json)
+        except KeyboardInterrupt:
+            pass
+        _summary(file, counts, parser.stats)
+        return
+    if not Path(file).is_file():
+        raise ConfigError(f"{file}: no such file")
+    events, parser = parse_file(file, job=job, node=node)
+    counts = _emit(events, as_json)
+    _summary(file, counts, {**parser.stats, "net_channels": len(parser.channels)})
+
+
+@hooks.command("rdma-res")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--node", required=True, help="Node the output was taken on.")
+@click.option("--job", default="", help="Job name to put in the events.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Keep only QPs of this process (repeatable).")
+@click.option("--log", "logs", type=click.Path(dir_okay=False, exists=True), multiple=True,
+              help="NCCL log of this node: bind QPs to NET connections where that is unambiguous.")
+@click.option("--json", "as_json", is_flag=True, help="Print flow events as JSON lines on stdout.")
+def rdma_res(file: str, node: str, job: str, pids: tuple[int, ...], logs: tuple[str, ...], as_json: bool) -> None:
+    """Read `rdma -j res show qp` output (FILE or - for stdin) into flow events."""
+    from pulse.hooks.nccl_log import parse_file
+    from pulse.hooks.rdma_res import flows_from_rdma, join_flows, parse_rdma_qp
+
+    if file == "-":
+        raw = sys.stdin.buffer.read()
+    else:
+        try:
+            raw = Path(file).read_bytes()
+        except OSError as exc:
+            raise ConfigError(f"{file}: cannot read ({exc.strerror})") from None
+    qps = parse_rdma_qp(raw, where=file)
+    flows = flows_from_rdma(qps, node=node, job=job, pids=pids or None)
+    channels = []
+    for log in logs:
+        _, parser = parse_file(log, job=job, node=node)
+        channels.extend(parser.channels)
+    flows = join_flows(flows, channels=channels)
+    counts = _emit(flows, as_json)
+    _summary(file, counts, {"qps": len(qps), "bound": sum(f.bound for f in flows)})
+
+
+@hooks.command("read-plugin")
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print hook events as JSON lines on stdout.")
+@click.option("--job", default="", help="Job name to put in the events.")
+@click.option("--node", default=None, help="Node name (default: the host name the plugin recorded).")
+@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+              help="Socket mode: stop after this many seconds without a datagram.")
+@click.option("--max-datagrams", type=int, default=None, help="Socket mode: stop after this many datagrams.")
+def read_plugin(path: str, as_json: bool, job: str, node: str | None, timeout: float | None,
+                max_datagrams: int | None) -> None:
+    """Decode the profiler plugin's records: a .rec FILE, or a SOCKET path to bind and
+    receive on (the plugin's PULSE_HOOK_SOCKET; an existing socket file is replaced)."""
+    from pulse.hooks.plugin_reader import PluginDecoder, read_plugin_file, receive_plugin_socket
+
+    p = Path(path)
+    if p.is_file():
+        events, stats = read_plugin_file(p, job=job, node=node)
+        _summary(path, _emit(events, as_json), stats)
+        return
+    if p.exists() and not p.is_socket():
+        raise ConfigError(f"{path}: neither a record file nor a socket")
+    dec = PluginDecoder(job=job, node=node)
+    counts: dict[str, int] = {}
+    try:
+        counts = _emit(receive_plugin_socket(p, timeout=timeout, max_datagrams=max_datagrams, decoder=dec), as_json)
+    except KeyboardInterrupt:
+        pass
+    _summary(path, counts, dec.stats)
+
+
+@hooks.command("torch-path")
+def torch_path() -> None:
+    """Print the torch.distributed injection directory (put it on PYTHONPATH with PULSE_HOOK_DIR set)."""
+    from pulse.hooks import torch_injection_dir
+
+    click.echo(str(torch_injection_dir()))

@@ -1,0 +1,449 @@
+"""Parse ``NCCL_DEBUG=INFO`` output (NCCL 2.18 - 2.30) into comm / op / flow hook events.
+
+Recognised (formats in docs/hooks.md and shared/reference/hooks-and-formats.md section 2):
+
+* ``NCCL version x.y.z``                      -> the process's NCCL version
+* ``... commId 0x... - Init COMPLETE``        -> :class:`CommEvent` (every 2.18-2.30 form,
+  plus the split forms without commId and the pre-2.18 form)
+* ``Channel 00/02 :    0   1   2   3``        -> the comm's ``rings`` (rank 0 prints them)
+* ``Trees [0] -1/-1/-1->1->0 ...``             -> the comm's ``trees``
+* ``Ring 02 : 2 -> 0 -> 1`` / ``Tree 0 : ...``  -> recognised (neighbour lists, not kept)
+* ``<Op>: opCount ... comm 0x... [nranks=n]`` -> :class:`OpEvent` (Send/Recv sharing an
+  opCount on one comm form one ``GroupP2P`` operator)
+* ``Channel 00/0 : 3[3] -> 4[0] [receive] via NET/IB/0/GDRDMA`` -> a :class:`NetChannel`
+  binding (rank, peer, channel, direction, NCCL net device) for joins (see ``rdma_res``)
+* ``NET/IB : Using [0]mlx5_0:1/RoCE ...``      -> device index -> NIC name and transport
+* ``NET/IB: ... qpn N ...`` / ``qp_num=N``     -> :class:`FlowEvent` for the local QPN (not
+  bound to a peer: NCCL does not print one there)
+
+Anything else is counted (``stats["unknown"]`` for NCCL lines, ``stats["foreign"]`` for
+other lines), never fatal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from pulse.errors import ConfigError, PulseError
+from pulse.events import DTYPE_SIZES, CommEvent, FlowEvent, HookEvent, OpEvent
+
+SOURCE = "nccl-log"
+
+# ncclDataType_t values as printed by COLL lines ("datatype %d").
+NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
+               "bfloat16", "float8e4m3", "float8e5m2")
+_COLL_KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
+
+_PREFIX = re.compile(
+    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:.*? )?NCCL "
+    r"(?P<level>INFO|WARN|TRACE|ABORT)(?: (?P<msg>.*))?$")
+_VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>\S*)")
+_COLL = re.compile(
+    r"(?P<op>\w+): opCount (?P<opc>[0-9a-fA-F]+) sendbuff (?P<sb>\S+) recvbuff (?P<rb>\S+) count (?P<count>\d+) "
+    r"datatype (?P<dt>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) "
+    r"\[nranks=(?P<nranks>\d+)\]")
+_INIT = re.compile(
+    r"(?:(?P<fn>\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
+    r"cudaDev (?P<cudadev>-?\d+)(?: nvmlDev (?P<nvml>-?\d+))? busId (?P<bus>[0-9a-fA-F]+)"
+    r"(?: parent (?P<parent>0x[0-9a-fA-F]+|\(nil\))(?: (?:splitCount|childCount) (?P<splitn>\d+))?"
+    r" color (?P<color>-?\d+) key (?P<key>-?\d+))?"
+    r"(?: commId 0x(?P<cid>[0-9a-fA-F]+))? - Init COMPLETE")
+_INIT_INFO = re.compile(r"comm 0x[0-9a-fA-F]+ rank \d+ nRanks \d+ nNodes \d+ localRanks \d+ localRank \d+")
+_RING_ORDER = re.compile(r"Channel (?P<ch>\d+)/(?P<nch>\d+) :(?P<ranks>(?: +\d+)*)(?P<trunc> *\.\.\.)? *$")
+_RING_NEIGH = re.compile(r"Ring (?P<ch>\d+) : (?P<prev>-?\d+) -> (?P<rank>\d+) -> (?P<next>-?\d+)")
+_TREES = re.compile(r"Trees(?P<body>(?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+)")
+_TREE_ITEM = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
+_TREE_GRAPH = re.compile(r"Tree \d+ : -?\d+ -> -?\d+ -> -?\d+/-?\d+/-?\d+")
+_CHANNEL = re.compile(
+    r"Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>[0-9a-fA-F]+)\] -> "
+    r"(?P<dst>\d+)\[(?P<ddev>[0-9a-fA-F]+)\] (?:\[(?P<dir>send|receive)\] )?via (?P<via>\S+)")
+_VIA_NET = re.compile(r"NET/(?P<net>[^/]+)/(?P<netdev>\d+)(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)")
+_NETIB_USING = re.compile(r"NET/IB ?: Using")
+_NETIB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[\w.\-]+):(?P<port>\d+)/(?P<kind>IB|RoCE)")
+_QPN_FORMS = (
+    # 2.29+: "NET/IB: <fn>: QP created: port=%d dev=%d devName=%s ndevs=%d nmdevs=%d qp_num=%u ..."
+    re.compile(r"NET/IB: (?P<fn>\w+): QP created: port=(?P<port>\d+) dev=(?P<dev>\d+) devName=(?P<name>\S+) "
+               r"ndevs=\d+ nmdevs=\d+ qp_num=(?P<qpn>\d+)"),
+    # 2.29: "NET/IB: <fn>: <s> <d> IbDev %d Port %d qp_num %d mtu %d GID ..."
+    re.compile(r"NET/IB: (?P<fn>\w+): (?:.*? )?IbDev (?P<dev>\d+) Port (?P<port>\d+) qp_num (?P<qpn>\d+)"
+               r"(?P<rest>.*)"),
+    # 2.21-2.28: "NET/IB: <s> <d> IbDev %d Port %d qpn %d mtu %d ..." and the 2.27+ ECE line
+    re.compile(r"NET/IB: (?:.*? )?IbDev (?P<dev>\d+) Port (?P<port>\d+) qpn (?P<qpn>\d+)(?P<rest>.*)"),
+    # 2.18-2.20: "NET/IB: Dev %d Port %d qpn %d mtu %d LID %d" / "... GID %ld (%lX/%lX)"
+    re.compile(r"NET/IB: Dev (?P<dev>\d+) Port (?P<port>\d+) qpn (?P<qpn>\d+)(?P<rest>.*)"),
+)
+_TUNING = re.compile(r"(?:\w+: )?\d+ Bytes -> Algo \S+ proto \S+")
+_BAD_NAME = re.compile(r"[^A-Za-z0-9_.:@+-]")
+# NCCL_DEBUG_TIMESTAMP_FORMAT's default "[%F %T] " (2.26+, INFO only with
+# NCCL_DEBUG_TIMESTAMP_LEVELS=INFO), optionally with sub-second digits; host local time.
+_STAMP = re.compile(r"\[(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d{1,9}))?\] ")
+
+
+@dataclasses.dataclass(frozen=True)
+class NetChannel:
+    """One ``Channel xx/y : a[b] -> c[d] [send|receive] via NET/...`` line: a network
+    connection of ``rank`` to ``peer`` on ``channel``, through NCCL net device ``netdev``."""
+
+    node: str
+    pid: int
+    comm_id: str | None
+    rank: int
+    peer: int
+    channel: int
+    direction: str
+    net: str
+    netdev: int
+    proxy_rank: int | None = None
+
+
+@dataclasses.dataclass
+class _Comm:
+    comm_id: str
+    rank: int
+    nranks: int
+    seq: int = 0
+    group_opc: str | None = None
+    members: list[tuple[str, str, int, int, int]] = dataclasses.field(default_factory=list)
+    group_t: int | None = None
+
+
+@dataclasses.dataclass
+class _Proc:
+    node: str
+    version: str | None = None
+    comms: dict[str, _Comm] = dataclasses.field(default_factory=dict)
+    order: list[str] = dataclasses.field(default_factory=list)
+    rings: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    rings_truncated: set[int] = dataclasses.field(default_factory=set)
+    trees: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    ibdevs: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    pending_channels: list[tuple[int, int, int, str, str, int, int | None]] = dataclasses.field(default_factory=list)
+
+
+class NcclLogParser:
+    """Line-by-line parser; keeps per-process state (comms by pointer, rings, devices)."""
+
+    def __init__(self, job: str = "", node: str | None = None, t_host_ns: int | None = None) -> None:
+        self.job = job
+        self.node = node
+        self.t_host_ns = t_host_ns
+        self._t_default = t_host_ns
+        self.stats: dict[str, int] = {}
+        self.channels: list[NetChannel] = []
+        self.versions: dict[tuple[str, int], str] = {}
+        self._procs: dict[tuple[str, int], _Proc] = {}
+        self._qpns: set[tuple[str, int, int, int]] = set()
+
+    def _count(self, what: str) -> None:
+        self.stats[what] = self.stats.get(what, 0) + 1
+
+    # ---------------------------------------------------------------- input
+    def feed(self, lines: Iterable[str]) -> list[HookEvent]:
+        out: list[HookEvent] = []
+        for line in lines:
+            self.line(line, out)
+        return out
+
+    def line(self, line: str, out: list[HookEvent]) -> None:
+        self._count("lines")
+        m = _PREFIX.search(line.rstrip("\r\n"))
+        if m is None:
+            self._count("foreign")
+            return
+        if m["level"] != "INFO" or m["msg"] is None:
+            self._count("other_level")
+            return
+        host, pid, msg = m["host"], int(m["pid"]), m["msg"].strip()
+        stamp = _STAMP.match(line)
+        self.t_host_ns = _stamp_ns(stamp) if stamp is not None else self._t_default
+        key = (host, pid)
+        proc = self._procs.get(key)
+        if proc is None:
+            proc = self._procs[key] = _Proc(node=self.node or _BAD_NAME.sub("_", host)[:128] or "unknown")
+        try:
+            handled = self._message(proc, pid, msg, out)
+        except (PulseError, ValueError, OverflowError):
+            self._count("errors")
+            return
+        if not handled:
+            self._count("unknown")
+
+    def flush(self) -> list[HookEvent]:
+        """Emit p2p groups still open (call at end of input)."""
+        out: list[HookEvent] = []
+        for proc in self._procs.values():
+            for comm in proc.comms.values():
+                self._close_group(proc, comm, out)
+        return out
+
+    # ---------------------------------------------------------------- messages
+    def _message(self, proc: _Proc, pid: int, msg: str, out: list[HookEvent]) -> bool:
+        if (m := _COLL.match(msg)) is not None:
+            self._count("coll")
+            self._coll(proc, m, out)
+            return True
+        if msg.endswith("Init COMPLETE") or " - Init COMPLETE" in msg:
+            m = _INIT.search(msg)
+            if m is None:
+                return False
+            self._count("init")
+            self._init(proc, pid, m, out)
+            return True
+        if (m := _CHANNEL.match(msg)) is not None:
+            self._channel(proc, pid, m)
+            return True
+        if (m := _RING_ORDER.match(msg)) is not None:
+            self._count("ring")
+            ch = int(m["ch"])
+            proc.rings[ch] = [int(x) for x in m["ranks"].split()]
+            if m["trunc"]:
+                proc.rings_truncated.add(ch)
+            return True
+        if (m := _TREES.match(msg)) is not None:
+            self._count("trees")
+            for item in _TREE_ITEM.finditer(m["body"]):
+                ch, d0, d1, d2, rank, up = (int(x) for x in item.groups())
+                proc.trees[ch] = [rank, up, d0, d1, d2]
+            return True
+        if _RING_NEIGH.match(msg) or _TREE_GRAPH.match(msg):
+            self._count("neighbours")
+            return True
+        if msg.startswith("NET/IB"):
+            return self._netib(proc, pid, msg, out)
+        if (m := _VERSION.search(msg)) is not None:
+            self._count("version")
+            proc.version = m["ver"]
+            return True
+        if _INIT_INFO.match(msg) or _TUNING.match(msg):
+            self._count("info")
+            return True
+        return False
+
+    def _comm_id(self, proc: _Proc, m: re.Match[str], pid: int) -> str:
+        if m["cid"]:
+            return f"{int(m['cid'], 16):#x}"
+        parent = proc.comms.get(m["parent"] or "")
+        if m["color"] is not None and parent is not None:
+            # Split comms print no commId; parent id + split count + color is the same on
+            # every member rank.
+            return f"{parent.comm_id}.s{m['splitn'] or 0}.c{m['color']}"[:64]
+        # Nothing shared across ranks is printed (pre-2.18 lines): a process-local id.
+        return f"local:{proc.node}:{pid}:{m['comm']}"[:64]
+
+    def _init(self, proc: _Proc, pid: int, m: re.Match[str], out: list[HookEvent]) -> None:
+        rank, nranks = int(m["rank"]), int(m["nranks"])
+        comm = _Comm(comm_id=self._comm_id(proc, m, pid), rank=rank, nranks=nranks)
+        proc.comms[m["comm"]] = comm
+        proc.order.append(m["comm"])
+        rings = [proc.rings[ch] for ch in sorted(proc.rings)
+                 if ch not in proc.rings_truncated and len(proc.rings[ch]) == nranks]
+        trees = [proc.trees[ch] for ch in sorted(proc.trees)] if proc.trees else None
+        proc.rings, proc.trees, proc.rings_truncated = {}, {}, set()
+        out.append(CommEvent(job=self.job, node=proc.node, comm_id=comm.comm_id, rank=rank, nranks=nranks, pid=pid,
+                             rings=rings or None, trees=trees if trees and rank == trees[0][0] else None,
+                             t_host_ns=self.t_host_ns, source=SOURCE))
+        # Connections logged before this comm completed belong to it (2.18-2.21 connect at init).
+        pending, proc.pending_channels = proc.pending_channels, []
+        for item in pending:
+            self._bind_channel(proc, pid, *item)
+
+    def _coll(self, proc: _Proc, m: re.Match[str], out: list[HookEvent]) -> None:
+        comm = proc.comms.get(m["comm"])
+        if comm is None:
+            self._count("orphans")
+            return
+        op, opc = m["op"], m["opc"]
+        if op in ("Send", "Recv"):
+            if comm.members and comm.group_opc != opc:
+                self._close_group(proc, comm, out)
+            comm.group_opc = opc
+            comm.group_t = self.t_host_ns
+            comm.members.append((op, m["dt"], int(m["count"]), int(m["root"]), comm.nranks))
+            return
+        self._close_group(proc, comm, out)
+        seq = comm.seq
+        comm.seq += 1
+        dt = int(m["dt"])
+        if op not in _COLL_KINDS or dt >= len(NCCL_DTYPES):
+            self._count("unsupported")
+            return
+        dtype = NCCL_DTYPES[dt]
+        count = int(m["count"])
+        if op in ("AllGather", "ReduceScatter"):
+            count *= comm.nranks  # per-rank count in the log; S is the full array (semantics.md)
+        root = int(m["root"])
+        out.append(OpEvent(job=self.job, node=proc.node, comm_id=comm.comm_id, rank=comm.rank, seq=seq, kind=op,
+                           count=count, dtype=dtype, bytes=count * DTYPE_SIZES[dtype], nranks=comm.nranks,
+                           root=root if op in ("Broadcast", "Reduce") and 0 <= root < comm.nranks else None,
+                           t_host_ns=self.t_host_ns, source=SOURCE))
+
+    def _close_group(self, proc: _Proc, comm: _Comm, out: list[HookEvent]) -> None:
+        members, comm.members = comm.members, []
+        if not members:
+            return
+        seq = comm.seq
+        comm.seq += 1
+        calls = []
+        for op, dt, count, peer, _ in members:
+            if int(dt) >= len(NCCL_DTYPES) or not 0 <= peer < comm.nranks:
+                self._count("unsupported")
+                return
+            calls.append((op, NCCL_DTYPES[int(dt)], count, peer))
+        if len(calls) == 1:
+            op, dtype, count, peer = calls[0]
+            out.append(OpEvent(job=self.job, node=proc.node, comm_id=comm.comm_id, rank=comm.rank, seq=seq, kind=op,
+                               count=count, dtype=dtype, bytes=count * DTYPE_SIZES[dtype], nranks=comm.nranks,
+                               peer=peer, t_host_ns=comm.group_t, source=SOURCE))
+            return
+        peers = sorted({c[3] for c in calls})
+        sent = dict.fromkeys(peers, 0)
+        recv = dict.fromkeys(peers, 0)
+        for op, dtype, count, peer in calls:
+            (sent if op == "Send" else recv)[peer] += count * DTYPE_SIZES[dtype]
+        dtypes = {c[1] for c in calls if c[0] == "Send"} or {calls[0][1]}
+        dtype = dtypes.pop() if len(dtypes) == 1 else "bytes"
+        total = sum(sent.values())
+        out.append(OpEvent(job=self.job, node=proc.node, comm_id=comm.comm_id, rank=comm.rank, seq=seq,
+                           kind="GroupP2P", count=total // DTYPE_SIZES[dtype], dtype=dtype, bytes=total,
+                           nranks=comm.nranks, group=int(comm.group_opc or "0", 16), peers=peers,
+                           peer_send_bytes=[sent[p] for p in peers], peer_recv_bytes=[recv[p] for p in peers],
+                           t_host_ns=comm.group_t, source=SOURCE))
+
+    def _channel(self, proc: _Proc, pid: int, m: re.Match[str]) -> None:
+        via = _VIA_NET.match(m["via"])
+        if via is None:  # P2P / SHM / CollNet: inside the node, no NIC flow
+            self._count("channel_local")
+            return
+        self._count("channel_net")
+        src, dst = int(m["src"]), int(m["dst"])
+        direction = "recv" if m["dir"] == "receive" else "send"
+        rank, peer = (dst, src) if direction == "recv" else (src, dst)
+        proxy = int(via["proxy"]) if via["proxy"] else None
+        item = (rank, peer, int(m["ch"]), direction, via["net"], int(via["netdev"]), proxy)
+        if not self._bind_channel(proc, pid, *item, pending_ok=True):
+            proc.pending_channels.append(item)
+
+    def _bind_channel(self, proc: _Proc, pid: int, rank: int, peer: int, ch: int, direction: str, net: str,
+                      netdev: int, proxy: int | None, pending_ok: bool = False) -> bool:
+        # The newest comm of this process in which this process has `rank` (runtime connect
+        # in 2.22+ prints these lines after Init COMPLETE).
+        for ptr in reversed(proc.order):
+            comm = proc.comms[ptr]
+            if comm.rank == rank and peer < comm.nranks:
+                self.channels.append(NetChannel(node=proc.node, pid=pid, comm_id=comm.comm_id, rank=rank, peer=peer,
+                                                channel=ch, direction=direction, net=net, netdev=netdev,
+                                                proxy_rank=proxy))
+                return True
+        if not pending_ok:
+            self.channels.append(NetChannel(node=proc.node, pid=pid, comm_id=None, rank=rank, peer=peer, channel=ch,
+                                            direction=direction, net=net, netdev=netdev, proxy_rank=proxy))
+        return False
+
+    def _netib(self, proc: _Proc, pid: int, msg: str, out: list[HookEvent]) -> bool:
+        if _NETIB_USING.match(msg):
+            self._count("netib_devices")
+            for d in _NETIB_DEV.finditer(msg):
+                proc.ibdevs[int(d["idx"])] = (d["name"], "roce" if d["kind"] == "RoCE" else "ib")
+            return True
+        for form in _QPN_FORMS:
+            m = form.match(msg)
+            if m is None:
+                continue
+            self._count("qpn")
+            dev, qpn = int(m["dev"]), int(m["qpn"])
+            groups: dict[str, Any] = m.groupdict()
+            name = groups.get("name")
+            known = proc.ibdevs.get(dev)
+            nic = _BAD_NAME.sub("_", name or (known[0] if known else f"mlx5_{dev}"))[:128]
+            rest = groups.get("rest") or ""
+            transport = known[1] if known else ("roce" if " GID " in rest else "ib" if " LID " in rest else None)
+            key = (proc.node, pid, dev, qpn)
+            if key in self._qpns or not 0 <= qpn < (1 << 24):
+                return True
+            self._qpns.add(key)
+            out.append(FlowEvent(job=self.job, node=proc.node, nic=nic, flow=qpn, transport=transport, qpn=qpn,
+                                 pid=pid, source=SOURCE, t_host_ns=self.t_host_ns))
+            return True
+        return False
+
+
+def _stamp_ns(m: re.Match[str]) -> int | None:
+    try:
+        t = time.mktime(time.strptime(f"{m['date']} {m['time']}", "%Y-%m-%d %H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+    frac = (m["frac"] or "").ljust(9, "0")
+    return int(t) * 1_000_000_000 + int(frac)
+
+
+def parse_lines(lines: Iterable[str], job: str = "", node: str | None = None) -> tuple[list[HookEvent], NcclLogParser]:
+    parser = NcclLogParser(job=job, node=node)
+    events = parser.feed(lines)
+    events += parser.flush()
+    return events, parser
+
+
+def parse_file(path: str | os.PathLike[str], job: str = "", node: str | None = None) -> tuple[list[HookEvent], NcclLogParser]:
+    p = Path(path)
+    try:
+        with open(p, encoding="utf-8", errors="replace") as fh:
+            return parse_lines(fh, job=job, node=node)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read the NCCL log ({exc.strerror})") from None
+
+
+def follow_file(path: str | os.PathLike[str], parser: NcclLogParser | None = None, *, poll: float = 0.2,
+                idle_timeout: float | None = None, from_start: bool = True) -> Iterator[HookEvent]:
+    """Yield events as lines are appended to ``path`` (like ``tail -F``: a truncated or
+    replaced file is read again from its start); stop after ``idle_timeout`` idle seconds."""
+    parser = parser or NcclLogParser()
+    p = Path(path)
+    fh = None
+    ino = None
+    partial = ""
+    last = time.monotonic()
+    try:
+        while True:
+            if fh is None:
+                try:
+                    fh = open(p, encoding="utf-8", errors="replace")
+                    ino = os.fstat(fh.fileno()).st_ino
+                    if not from_start:
+                        fh.seek(0, os.SEEK_END)
+                except FileNotFoundError:
+                    fh = None
+            chunk = fh.read(1 << 20) if fh is not None else ""
+            if chunk:
+                last = time.monotonic()
+                lines = (partial + chunk).split("\n")
+                partial = lines.pop()
+                out: list[HookEvent] = []
+                for line in lines:
+                    parser.line(line, out)
+                yield from out
+                continue
+            try:
+                st = os.stat(p)
+                if fh is not None and (st.st_ino != ino or st.st_size < fh.tell()):
+                    fh.close()
+                    fh, partial, from_start = None, "", True
+                    continue
+            except FileNotFoundError:
+                pass
+            if idle_timeout is not None and time.monotonic() - last >= idle_timeout:
+                break
+            time.sleep(poll)
+    finally:
+        if fh is not None:
+            fh.close()
+    out = []
+    if partial:
+        parser.line(partial, out)
+    yield from out
+    yield from parser.flush()
