@@ -102,7 +102,11 @@ class Record:
         return out
 
     def to_json(self) -> bytes:
-        return orjson.dumps(self.to_dict())
+        # numpy scalars and arrays are common in free-form fields (a verdict's evidence).
+        try:
+            return orjson.dumps(self.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY)
+        except orjson.JSONEncodeError as exc:
+            raise EncodeError(f"{self.TYPE} record: cannot be written as JSON ({exc})") from None
 
     @classmethod
     def from_dict(cls: type[T], data: dict[str, Any], where: str | None = None) -> T:
@@ -113,7 +117,7 @@ class Record:
         if body.pop("type", cls.TYPE) != cls.TYPE:
             raise DecodeError(f"{where}: type {data.get('type')!r} is not {cls.TYPE!r}")
         version = body.pop("v", None)
-        if version != 1:
+        if type(version) is not int or version != 1:  # not True, not 1.0
             raise DecodeError(f"{where}: unsupported version v={version!r} (this Pulse reads v=1)")
         values = validate_fields(cls.FIELDS, body, where, DecodeError)
         try:

@@ -59,6 +59,9 @@ class LazyGroup(click.Group):
                 raise click.ClickException(f"'{name}' is not available in this build ({exc})") from None
             raise click.ClickException(
                 f"'{name}' needs the Python package '{exc.name}', which is not installed") from None
+        except AttributeError:
+            raise click.ClickException(
+                f"'{name}' is not available in this build ({self.lazy[name][0]} is missing)") from None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         rows = [(name, self.lazy[name][1]) for name in sorted(self.lazy)]

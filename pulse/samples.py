@@ -44,11 +44,21 @@ def check_name(what: str, value: str, *, allow_empty: bool = False) -> str:
         raise EncodeError(f"{what} must be a string, got {type(value).__name__}")
     if allow_empty and value == "":
         return value
-    if not _NAME.match(value):
+    if not _NAME.fullmatch(value) or value in (".", ".."):
         raise EncodeError(
-            f"{what}={value!r}: must be 1-128 characters of letters, digits and _ . : @ + -"
+            f"{what}={value!r}: must be 1-128 characters of letters, digits and _ . : @ + - "
+            "(and not . or .., since names become file names)"
         )
     return value
+
+
+def _int(what: str, value: object, lo: int, hi: int) -> int:
+    """An integer scalar (Python or numpy, not bool) in [lo, hi], else EncodeError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise EncodeError(f"{what}={value!r}: must be an integer, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise EncodeError(f"{what}={value}: must be in [{lo}, {hi}]")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -79,9 +89,10 @@ class EpochBatch:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EpochBatch):
             return NotImplemented
-        same_rx = (self.rx_bytes is None) == (other.rx_bytes is None) and (
-            self.rx_bytes is None or np.array_equal(self.rx_bytes, other.rx_bytes)
-        )
+        if self.rx_bytes is None or other.rx_bytes is None:
+            same_rx = self.rx_bytes is None and other.rx_bytes is None
+        else:
+            same_rx = np.array_equal(self.rx_bytes, other.rx_bytes)
         return (
             (self.node, self.nic, self.job, self.t0_ns, self.epoch_ns, self.batch_seq)
             == (other.node, other.nic, other.job, other.t0_ns, other.epoch_ns, other.batch_seq)
@@ -143,12 +154,9 @@ def make_batch(
     check_name("node", node)
     check_name("nic", nic)
     check_name("job", job, allow_empty=True)
-    if not MIN_EPOCH_NS <= int(epoch_ns) <= MAX_EPOCH_NS:
-        raise EncodeError(f"epoch_ns={epoch_ns}: must be in [{MIN_EPOCH_NS}, {MAX_EPOCH_NS}]")
-    if not 0 <= int(batch_seq) < 1 << 64:
-        raise EncodeError(f"batch_seq={batch_seq}: must fit in uint64")
-    if not -(1 << 63) <= int(t0_ns) < 1 << 63:
-        raise EncodeError(f"t0_ns={t0_ns}: must fit in int64")
+    epoch_ns = _int("epoch_ns", epoch_ns, MIN_EPOCH_NS, MAX_EPOCH_NS)
+    batch_seq = _int("batch_seq", batch_seq, 0, (1 << 64) - 1)
+    t0_ns = _int("t0_ns", t0_ns, -(1 << 63), (1 << 63) - 1)
     f = _as_u32("flow", flow)
     e = _as_u32("epoch", epoch)
     t = _as_u32("tx_bytes", tx_bytes)
@@ -162,22 +170,41 @@ def make_batch(
     problem = _rows_problem(f, e, t, r)
     if problem:
         raise EncodeError(problem)
-    return EpochBatch(node=node, nic=nic, t0_ns=int(t0_ns), epoch_ns=int(epoch_ns),
-                      batch_seq=int(batch_seq), flow=f, epoch=e, tx_bytes=t, rx_bytes=r, job=job)
+    return EpochBatch(node=node, nic=nic, t0_ns=t0_ns, epoch_ns=epoch_ns,
+                      batch_seq=batch_seq, flow=f, epoch=e, tx_bytes=t, rx_bytes=r, job=job)
 
 
 def encode(batch: EpochBatch) -> bytes:
+    """Bytes of a batch built by :func:`make_batch` (or decoded). A hand-built
+    ``EpochBatch`` is checked for shape and dtype here; row order is ``make_batch``'s job."""
     names = [s.encode() for s in (batch.job, batch.node, batch.nic)]
     flags = FLAG_RX if batch.rx_bytes is not None else 0
-    head = _HEAD.pack(MAGIC, VERSION, flags, batch.epoch_ns, batch.n_rows, batch.batch_seq,
-                      batch.t0_ns, *(len(n) for n in names))
-    cols = [batch.flow, batch.epoch, batch.tx_bytes] + ([batch.rx_bytes] if flags else [])
+    cols: list[np.ndarray] = [batch.flow, batch.epoch, batch.tx_bytes]
+    if batch.rx_bytes is not None:
+        cols.append(batch.rx_bytes)
+    for c in cols:
+        if not isinstance(c, np.ndarray) or c.ndim != 1 or c.dtype.kind != "u" or c.dtype.itemsize != 4:
+            raise EncodeError(f"batch {batch.node}/{batch.nic}: columns must be 1-D uint32 arrays "
+                              "(build batches with make_batch)")
+    if len({c.shape[0] for c in cols}) != 1:
+        raise EncodeError(f"batch {batch.node}/{batch.nic}: column lengths differ "
+                          f"({', '.join(str(c.shape[0]) for c in cols)})")
+    try:
+        head = _HEAD.pack(MAGIC, VERSION, flags, batch.epoch_ns, batch.n_rows, batch.batch_seq,
+                          batch.t0_ns, *(len(n) for n in names))
+    except struct.error as exc:
+        raise EncodeError(f"batch {batch.node}/{batch.nic}: header field out of range ({exc})") from None
     return b"".join([head, *names, *(np.ascontiguousarray(c, dtype=_U32).tobytes() for c in cols)])
 
 
 def decode(buf: bytes | bytearray | memoryview, *, where: str = "batch") -> EpochBatch:
     """Decode and fully validate one batch; ``where`` prefixes error messages."""
-    mv = memoryview(buf)
+    try:
+        mv = memoryview(buf)
+        if mv.format != "B" or mv.ndim != 1:
+            mv = mv.cast("B")
+    except TypeError as exc:
+        raise DecodeError(f"{where}: expected bytes, got {type(buf).__name__} ({exc})") from None
     if mv.nbytes < HEADER_SIZE:
         raise DecodeError(f"{where}: {mv.nbytes} bytes is shorter than the {HEADER_SIZE}-byte header")
     magic, version, flags, epoch_ns, n, seq, t0, lj, ln, lc = _HEAD.unpack_from(mv, 0)

@@ -41,6 +41,19 @@ class Topics:
         )
 
 
+def _check_bootstrap(value: str) -> None:
+    """``host[:port][,host[:port]...]`` as Kafka clients take it."""
+    for entry in value.split(","):
+        host, port = entry.strip(), None
+        if ":" in host:
+            host, _, port = host.rpartition(":")
+        ok = bool(host) and not any(c.isspace() for c in host) and "/" not in host
+        if port is not None:
+            ok = ok and port.isdigit() and 0 < int(port) < 65536
+        if not ok:
+            raise ConfigError(f"PULSE_BROKER={value!r}: expected host:port[,host:port...], bad entry {entry!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Settings:
     broker: str | None = None
@@ -73,6 +86,10 @@ class Settings:
             raise ConfigError("PULSE_SPOOL_MAX_BYTES must be >= 0")
         if not self.topic_prefix or any(c in self.topic_prefix for c in " /\\"):
             raise ConfigError(f"PULSE_TOPIC_PREFIX={self.topic_prefix!r}: not a valid topic prefix")
+        if self.broker is not None:
+            _check_bootstrap(self.broker)
+        if self.influx_url is not None and not self.influx_url.startswith(("http://", "https://")):
+            raise ConfigError(f"PULSE_INFLUX_URL={self.influx_url!r}: must start with http:// or https://")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -96,11 +113,15 @@ class Settings:
         token_file = get("INFLUX_TOKEN_FILE")
         if token is None and token_file is not None:
             try:
-                token = Path(token_file).read_text().strip()
+                token = Path(token_file).read_text(encoding="utf-8").strip()
             except OSError as exc:
                 raise ConfigError(
                     f"PULSE_INFLUX_TOKEN_FILE={token_file}: cannot read it ({exc.strerror})"
                 ) from None
+            except UnicodeDecodeError:
+                raise ConfigError(f"PULSE_INFLUX_TOKEN_FILE={token_file}: not UTF-8 text") from None
+            if not token:
+                raise ConfigError(f"PULSE_INFLUX_TOKEN_FILE={token_file}: empty file")
         epoch_ns = integer("EPOCH_NS", DEFAULT_EPOCH_NS)
         if get("EPOCH_US") is not None and get("EPOCH_NS") is None:
             epoch_ns = integer("EPOCH_US", DEFAULT_EPOCH_NS // 1000) * 1000

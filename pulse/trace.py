@@ -146,6 +146,8 @@ def _read_jsonl(path: Path, decode: Any) -> Iterator[Any]:
         fh = open(path, "rb")
     except FileNotFoundError:
         return
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     with fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -172,6 +174,8 @@ class TraceReader:
                 self.meta = orjson.loads(meta_path.read_bytes())
             except orjson.JSONDecodeError as exc:
                 raise TraceError(f"{meta_path}: not valid JSON ({exc})") from None
+            except OSError as exc:
+                raise TraceError(f"{meta_path}: cannot read ({exc.strerror})") from None
             if not isinstance(self.meta, dict) or self.meta.get("format") != "pulse-trace":
                 raise TraceError(f"{meta_path}: not a pulse-trace meta file")
             if self.meta.get("v") != 1:
@@ -211,6 +215,8 @@ def read_truth(path: str | Path) -> dict[str, Any]:
         data = orjson.loads(p.read_bytes())
     except FileNotFoundError:
         raise TraceError(f"{p}: no truth.json (only simulated traces have ground truth)") from None
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
     except orjson.JSONDecodeError as exc:
         raise TraceError(f"{p}: not valid JSON ({exc})") from None
     if not isinstance(data, dict):
