@@ -1,0 +1,335 @@
+"""Flow -> operator association: which operators each send flow carries, with how many bytes.
+
+From ``comm`` (membership, rings, trees), ``flow`` (QP -> comm, rank, peer, channel,
+direction) and ``op`` (kind, size, algorithm, channels, peers) hook events, compute per
+(node, nic, flow) the ordered operators it carries and the bytes each one puts on it
+(docs/semantics.md "Operators and expected bytes"). A connection is (comm, rank, peer,
+channel, direction); several QPs of one connection split its bytes equally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Iterable
+
+import numpy as np
+
+from pulse.events import GROUPED, CommEvent, FlowEvent, OpEvent
+
+NO_TIME = np.iinfo(np.int64).min
+FlowKey = tuple[str, str, int]
+"""(node, nic, flow id)."""
+OpKey = tuple[str, int, int]
+"""(comm_id, rank, seq)."""
+
+
+@dataclasses.dataclass
+class OpInfo:
+    event: OpEvent
+    algo: str
+    """The algorithm used for the byte split: ring, tree, or p2p (inferred when unknown)."""
+    nranks: int
+    flows: list[FlowKey]
+    expected: list[int]
+    """Bytes each of ``flows`` carries for this operator (the volume condition)."""
+    ambiguous: bool = False
+    """algo was unknown and both ring and tree patterns fit (ring was assumed)."""
+
+    @property
+    def expected_bytes(self) -> int:
+        return int(sum(self.expected))
+
+
+@dataclasses.dataclass
+class Association:
+    bindings: dict[FlowKey, FlowEvent]
+    """Every bound flow (send and recv)."""
+    flow_ops: dict[FlowKey, tuple[np.ndarray, np.ndarray]]
+    """Per send flow: (seq int64, expected bytes int64), ascending seq. The flow's comm and
+    rank are in ``bindings``."""
+    flow_issue: dict[FlowKey, np.ndarray]
+    """Per send flow, aligned with ``flow_ops``: each operator's host issue time
+    (``t_host_ns``, node clock), or NO_TIME when the op event has none."""
+    ops: dict[OpKey, OpInfo]
+    """Every operator with at least one visible send flow on its rank."""
+    unbound: list[FlowKey]
+    """Flows that flow events mention without a (comm, rank, peer) binding or direction."""
+    ops_without_flows: list[OpKey]
+    """Operators whose rank has no visible send flow for them (all-intra-node, Recv, a
+    Broadcast's last ring rank...): not operators for Pulse on that rank."""
+    duplicates: int = 0
+    """Conflicting duplicate op events (the first one wins)."""
+    ambiguous_algo: int = 0
+    """Operators with algo unknown where both ring and tree patterns were possible."""
+
+    _ctx: object = dataclasses.field(default=None, repr=False, compare=False)
+
+    def add_ops(self, ops: Iterable[OpEvent]) -> list[OpKey]:
+        """Add op descriptors to an existing association (same bindings and comms);
+        returns the keys of those that have no visible send flow."""
+        ranks, comms = self._ctx  # type: ignore[misc]
+        without = []
+        for op in sorted(ops, key=lambda o: (o.comm_id, o.rank, o.seq)):
+            key = (op.comm_id, op.rank, op.seq)
+            if key in self.ops:
+                continue
+            info = _op_info(op, ranks, comms)
+            if info is None:
+                without.append(key)
+                self.ops_without_flows.append(key)
+                continue
+            self.ops[key] = info
+            issued = NO_TIME if op.t_host_ns is None else op.t_host_ns
+            for f, e in zip(info.flows, info.expected, strict=True):
+                seqs, need = self.flow_op_list(f)
+                times = self.flow_issue_times(f)
+                at = int(np.searchsorted(seqs, op.seq))
+                self.flow_ops[f] = (np.insert(seqs, at, op.seq), np.insert(need, at, e))
+                self.flow_issue[f] = np.insert(times, at, issued)
+        return without
+
+    def drop_ops(self, keys: Iterable[OpKey]) -> None:
+        """Forget operators (e.g. once their metrics were emitted)."""
+        for key in keys:
+            info = self.ops.pop(key, None)
+            if info is None:
+                continue
+            for f in info.flows:
+                seqs, need = self.flow_op_list(f)
+                keep = seqs != key[2]
+                self.flow_ops[f] = (seqs[keep], need[keep])
+                self.flow_issue[f] = self.flow_issue_times(f)[keep]
+
+    def flow_op_list(self, key: FlowKey) -> tuple[np.ndarray, np.ndarray]:
+        empty = np.zeros(0, np.int64)
+        return self.flow_ops.get(key, (empty, empty))
+
+    def flow_issue_times(self, key: FlowKey) -> np.ndarray:
+        return self.flow_issue.get(key, np.zeros(0, np.int64))
+
+
+@dataclasses.dataclass
+class _Conn:
+    peer: int
+    channel: int
+    flows: list[FlowKey]
+
+
+def _ring_next(ring: list[int], rank: int) -> int | None:
+    if rank not in ring:
+        return None
+    return ring[(ring.index(rank) + 1) % len(ring)]
+
+
+def _split(total: float, conns: list[_Conn]) -> tuple[list[FlowKey], list[int]]:
+    """``total`` bytes on each connection of ``conns``, split over its QPs."""
+    flows: list[FlowKey] = []
+    expected: list[int] = []
+    for c in conns:
+        share = total / len(c.flows)
+        for f in c.flows:
+            flows.append(f)
+            expected.append(int(share))
+    return flows, expected
+
+
+class _Rank:
+    """What one (comm, rank) knows: its send connections and its comm topology."""
+
+    def __init__(self, conns: dict[tuple[int, int], _Conn], comm: CommEvent | None) -> None:
+        self.conns = conns
+        self.comm = comm
+        self.channels = sorted({ch for _, ch in conns})
+
+    def by_channel(self, channel: int) -> list[_Conn]:
+        return [c for (_, ch), c in sorted(self.conns.items()) if ch == channel]
+
+    def ring_conns(self, rank: int, nch: int | None) -> list[_Conn]:
+        """The send connection to ring.next on each channel."""
+        out = []
+        rings = self.comm.rings if self.comm is not None else None
+        for ch in self._channels(nch):
+            nxt = _ring_next(rings[ch % len(rings)], rank) if rings else None
+            if nxt is None:
+                # No ring order known: a ring rank has exactly one send peer per channel.
+                cands = self.by_channel(ch)
+                if len(cands) == 1:
+                    out.append(cands[0])
+                continue
+            c = self.conns.get((nxt, ch))
+            if c is not None:
+                out.append(c)
+        return out
+
+    def tree_conns(self, nch: int | None) -> list[_Conn]:
+        out = []
+        trees = self.comm.trees if self.comm is not None else None
+        for ch in self._channels(nch):
+            if trees:
+                t = trees[ch % len(trees)]
+                peers = [p for p in t[1:] if p >= 0]
+                out.extend(self.conns[(p, ch)] for p in peers if (p, ch) in self.conns)
+            else:
+                out.extend(self.by_channel(ch))
+        return out
+
+    def ring_peers(self, rank: int) -> set[int]:
+        return {c.peer for c in self.ring_conns(rank, None)}
+
+    def tree_only(self, rank: int) -> bool | None:
+        """True when the rank's connections fit only a tree, False only a ring, None both."""
+        ring = {(c.peer, c.channel) for c in self.ring_conns(rank, None)}
+        tree = {(c.peer, c.channel) for c in self.tree_conns(None)}
+        have = set(self.conns)
+        if have <= ring and not have <= tree:
+            return False
+        if have <= tree and not have <= ring:
+            return True
+        if not (self.comm and self.comm.trees):
+            # Without tree topology: more than one send peer on a channel is not a ring.
+            multi = any(len(self.by_channel(ch)) > 1 for ch in self.channels)
+            return True if multi else None
+        return None
+
+    def _channels(self, nch: int | None) -> list[int]:
+        if nch is None:
+            return self.channels
+        # NCCL channels are numbered from 0; connections exist only where used.
+        return [ch for ch in self.channels if ch < nch] or self.channels[:nch]
+
+
+def _infer_algo(op: OpEvent, rk: _Rank) -> tuple[str, bool]:
+    if op.algo in ("ring", "tree"):
+        return op.algo, False
+    if op.kind != "AllReduce":
+        return "ring", False
+    tree = rk.tree_only(op.rank)
+    if tree is None:
+        return "ring", True  # NCCL's default for large (bandwidth-bound) operators
+    return ("tree" if tree else "ring"), False
+
+
+def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], list[int], bool]:
+    S = op.bytes
+    kind = op.kind
+    if kind in ("Send", "Recv"):
+        if kind == "Recv":
+            return "p2p", [], [], False  # data arrives on recv flows; send flows carry none
+        conns = [c for (p, _), c in sorted(rk.conns.items()) if p == op.peer]
+        nch = op.nchannels or len(conns)
+        conns = conns[:nch]
+        return ("p2p", *_split(S / nch, conns), False) if conns else ("p2p", [], [], False)
+    if kind == GROUPED:
+        peers = op.peers or []
+        send = op.peer_send_bytes
+        if send is None:
+            send = [S // len(peers)] * len(peers) if peers else []
+        flows: list[FlowKey] = []
+        expected: list[int] = []
+        for peer, nbytes in zip(peers, send, strict=True):
+            if nbytes <= 0:
+                continue
+            conns = [c for (p, _), c in sorted(rk.conns.items()) if p == peer]
+            nch = op.nchannels or len(conns)
+            conns = conns[:nch]
+            if conns:
+                f, e = _split(nbytes / nch, conns)
+                flows += f
+                expected += e
+        return "p2p", flows, expected, False
+    algo, ambiguous = _infer_algo(op, rk)
+    nch = op.nchannels or (len(rk.channels) or 1)
+    n = nranks
+    if n <= 1:
+        return algo, [], [], ambiguous
+    if kind == "AllReduce" and algo == "tree":
+        return algo, *_split(S / nch, rk.tree_conns(op.nchannels)), ambiguous
+    conns = rk.ring_conns(op.rank, op.nchannels)
+    if kind == "AllReduce":
+        per = 2 * (n - 1) / n * S / nch
+    elif kind in ("AllGather", "ReduceScatter"):
+        per = (n - 1) / n * S / nch
+    else:  # Broadcast / Reduce along the ring from / to the root
+        root = op.root if op.root is not None else 0
+        if kind == "Reduce" and op.rank == root:
+            conns = []
+        if kind == "Broadcast":
+            conns = [c for c in conns if c.peer != root]
+        per = S / nch
+    return algo, *_split(per, conns), ambiguous
+
+
+def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
+    rk = ranks.get((op.comm_id, op.rank)) or _Rank({}, None)
+    comm = comms.get((op.comm_id, op.rank))
+    nranks = op.nranks or (comm.nranks if comm else 1)
+    algo, flows, expected, ambiguous = _op_flows(op, rk, nranks)
+    keep = [(f, e) for f, e in zip(flows, expected, strict=True) if e > 0]
+    if not keep:
+        return None
+    return OpInfo(event=op, algo=algo, nranks=max(1, nranks), flows=[f for f, _ in keep],
+                  expected=[e for _, e in keep], ambiguous=ambiguous)
+
+
+def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
+    """Bind flows to operators (pure: no traffic is read)."""
+    comms: dict[tuple[str, int], CommEvent] = {}
+    bindings: dict[FlowKey, FlowEvent] = {}
+    unbound: dict[FlowKey, None] = {}
+    ops: dict[OpKey, OpEvent] = {}
+    duplicates = 0
+    for ev in events:
+        if isinstance(ev, CommEvent):
+            prev = comms.get((ev.comm_id, ev.rank))
+            # Later comm events may add topology (rings/trees) learned after init.
+            if prev is None or (ev.rings or ev.trees):
+                comms[(ev.comm_id, ev.rank)] = ev
+        elif isinstance(ev, FlowEvent):
+            key = (ev.node, ev.nic, ev.flow)
+            if ev.bound and ev.direction is not None:
+                bindings[key] = ev
+                unbound.pop(key, None)
+            elif key not in bindings:
+                unbound[key] = None
+        elif isinstance(ev, OpEvent):
+            key = (ev.comm_id, ev.rank, ev.seq)
+            prev_op = ops.get(key)
+            if prev_op is None:
+                ops[key] = ev
+            elif prev_op != ev:
+                duplicates += 1
+    # Send connections per (comm, rank): data volume is measured on send flows only.
+    conns: dict[tuple[str, int], dict[tuple[int, int], _Conn]] = defaultdict(dict)
+    for key, b in sorted(bindings.items()):
+        if b.direction != "send":
+            continue
+        ch = b.channel if b.channel is not None else 0
+        assert b.comm_id is not None and b.rank is not None and b.peer is not None
+        c = conns[(b.comm_id, b.rank)].setdefault((b.peer, ch), _Conn(b.peer, ch, []))
+        c.flows.append(key)
+    ranks = {k: _Rank(v, comms.get(k)) for k, v in conns.items()}
+
+    infos: dict[OpKey, OpInfo] = {}
+    without: list[OpKey] = []
+    per_flow: dict[FlowKey, list[tuple[int, int, int]]] = defaultdict(list)
+    ambiguous_total = 0
+    for key in sorted(ops):
+        op = ops[key]
+        info = _op_info(op, ranks, comms)
+        if info is None:
+            without.append(key)
+            continue
+        ambiguous_total += info.ambiguous
+        infos[key] = info
+        issued = NO_TIME if op.t_host_ns is None else op.t_host_ns
+        for f, e in zip(info.flows, info.expected, strict=True):
+            per_flow[f].append((op.seq, e, issued))
+    flow_ops = {
+        f: (np.array([x[0] for x in lst], np.int64), np.array([x[1] for x in lst], np.int64))
+        for f, lst in per_flow.items()
+    }
+    flow_issue = {f: np.array([x[2] for x in lst], np.int64) for f, lst in per_flow.items()}
+    return Association(bindings=bindings, flow_ops=flow_ops, flow_issue=flow_issue, ops=infos, unbound=sorted(unbound),
+                       ops_without_flows=without, duplicates=duplicates, ambiguous_algo=ambiguous_total,
+                       _ctx=(ranks, comms))

@@ -1,0 +1,49 @@
+"""Per operator per rank metrics (``pulse.records.OpMetrics``) from its send flows' segments."""
+
+from __future__ import annotations
+
+import numpy as np
+from pulse.segmentation.association import OpInfo
+from pulse.segmentation.kernel import COMPLETE
+from pulse.segmentation.rows import NicClock
+
+from pulse.records import OpMetrics
+
+
+def union_count(rank_op: np.ndarray, epochs: np.ndarray, n_ops: int) -> np.ndarray:
+    """Per rank-op id, the number of distinct active epochs among (id, epoch) pairs."""
+    if rank_op.size == 0:
+        return np.zeros(n_ops, np.int64)
+    order = np.lexsort((epochs, rank_op))
+    r, e = rank_op[order], epochs[order]
+    new = np.ones(r.size, bool)
+    new[1:] = (r[1:] != r[:-1]) | (e[1:] != e[:-1])
+    return np.bincount(r[new], minlength=n_ops).astype(np.int64)
+
+
+def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol: np.ndarray,
+          status: np.ndarray, act_epochs: int) -> OpMetrics:
+    """``start``/``end`` (grid epochs, -1 = never started), ``vol``, ``status`` per flow of
+    ``info.flows``; ``act_epochs`` = union of their active epochs."""
+    ev = info.event
+    began = start >= 0
+    volume = int(vol.sum())
+    if began.any():
+        start_ns = int(clock.to_ns(int(start[began].min())))
+        end_ns = int(clock.to_ns(int(end[began].max()) + 1))
+    else:
+        # Nothing sent: pin the empty interval at the host-side issue time.
+        start_ns = end_ns = int(ev.t_host_ns or 0)
+    act_ns = int(act_epochs) * clock.epoch_ns
+    rate = volume / (act_ns * 1e-9) if act_ns > 0 else 0.0
+    return OpMetrics(
+        job=ev.job, node=ev.node, comm_id=ev.comm_id, seq=ev.seq, rank=ev.rank, kind=ev.kind,
+        nranks=info.nranks, start_ns=start_ns, end_ns=end_ns, duration_ns=end_ns - start_ns,
+        act_ns=act_ns, volume_bytes=volume, expected_bytes=info.expected_bytes,
+        complete=bool(np.all(status == COMPLETE)), active_rate=float(min(rate, 1e15)),
+        flows=len(info.flows), epoch_ns=clock.epoch_ns, nics=sorted({f[1] for f in info.flows}),
+        group=ev.group, t_host_ns=ev.t_host_ns)
+
+
+def sort_key(m: OpMetrics) -> tuple[str, str, int, int]:
+    return (m.node, m.comm_id, m.rank, m.seq)

@@ -1,0 +1,248 @@
+"""The numba kernel against the naive reference, on random and adversarial flows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pulse.segmentation.kernel import FAR, run_kernel, segment_rows, volume_bounds
+from pulse.segmentation.params import SegmentationError
+from segref import reference
+
+
+def kernel(flows, gap, stall, rel=1e-3, abs_bytes=4096, earliest=None, merge=None):
+    """flows: list of (rows [(epoch, bytes)], need [int]) -> per flow (ops, extra)."""
+    row_ptr = np.cumsum([0] + [len(r) for r, _ in flows])
+    op_ptr = np.cumsum([0] + [len(n) for _, n in flows])
+    ep = np.array([e for r, _ in flows for e, _ in r], np.int64)
+    by = np.array([b for r, _ in flows for _, b in r], np.int64)
+    need = np.array([x for _, n in flows for x in n], np.int64)
+    early = None if earliest is None else np.array([x for e in earliest for x in e], np.int64)
+    out = segment_rows(row_ptr, ep, by, op_ptr, need, gap=gap, stall=stall, rel_tolerance=rel,
+                       abs_tolerance=abs_bytes, earliest=early, merge=merge)
+    res = []
+    for f in range(len(flows)):
+        ops = [(int(out.start[k]), int(out.end[k]), int(out.act[k]), int(out.vol[k]), int(out.status[k]))
+               for k in range(op_ptr[f], op_ptr[f + 1])]
+        res.append((ops, int(out.extra[f])))
+    return res
+
+
+def check(flows, gap=3, stall=1000, rel=1e-3, abs_bytes=4096, earliest=None, merge=None):
+    got = kernel(flows, gap, stall, rel, abs_bytes, earliest, merge)
+    for f, ((rows, need), g) in enumerate(zip(flows, got, strict=True)):
+        early = None if earliest is None else earliest[f]
+        assert g == reference(rows, need, gap, stall, rel, abs_bytes, early, merge), (rows, need, early)
+    return got
+
+
+@st.composite
+def flow_with_issue(draw):
+    rows, need = draw(flow(max_ops=6, max_rows=80))
+    last = rows[-1][0] if rows else 10
+    early = sorted(draw(st.lists(st.integers(-5, last + 5), min_size=len(need), max_size=len(need))))
+    return rows, need, early
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(flow_with_issue(), min_size=1, max_size=4), st.integers(1, 5), st.integers(0, 40))
+def test_kernel_matches_reference_with_issue_times(flows, gap, merge):
+    check([(r, n) for r, n, _ in flows], gap=gap, stall=gap + 30, earliest=[e for _, _, e in flows],
+          merge=merge)
+
+
+@st.composite
+def flow(draw, max_ops=5, max_rows=60):
+    nops = draw(st.integers(0, max_ops))
+    need = [draw(st.integers(1, 200_000)) for _ in range(nops)]
+    nrows = draw(st.integers(0, max_rows))
+    steps = draw(st.lists(st.sampled_from([1, 1, 1, 2, 3, 4, 5, 8, 50, 5000]), min_size=nrows, max_size=nrows))
+    first = draw(st.integers(0, 10))
+    eps = list(np.cumsum([first, *steps[1:]])) if nrows else []
+    sizes = draw(st.lists(st.sampled_from([1, 100, 4096, 20_000, 65_536, 150_000]) | st.integers(1, 300_000),
+                          min_size=nrows, max_size=nrows))
+    return [(int(e), int(b)) for e, b in zip(eps, sizes, strict=True)], need
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(flow(), min_size=1, max_size=6), st.integers(1, 6), st.integers(0, 60))
+def test_kernel_matches_reference_random(flows, gap, extra_stall):
+    check(flows, gap=gap, stall=gap + extra_stall)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(flow(max_ops=8, max_rows=120), min_size=1, max_size=3), st.integers(1, 4),
+       st.sampled_from([0.0, 1e-3, 0.05]), st.sampled_from([0, 1, 4096]))
+def test_kernel_matches_reference_tolerances(flows, gap, rel, abs_bytes):
+    check(flows, gap=gap, stall=gap + 20, rel=rel, abs_bytes=abs_bytes)
+
+
+def exact_flow(sizes, gaps_between, per_epoch, start=0):
+    """Operators of ``sizes`` bytes sent at ``per_epoch``, separated by idle gaps."""
+    rows, e, truth = [], start, []
+    for n, g in zip(sizes, gaps_between, strict=True):
+        first = e
+        left = n
+        cur = {}
+        while left:
+            x = min(per_epoch, left)
+            cur[e] = cur.get(e, 0) + x
+            left -= x
+            if left:
+                e += 1
+        truth.append((first, e))
+        rows += sorted(cur.items())
+        e += 1 + g
+    return rows, truth
+
+
+def test_empty_flow_all_ops_incomplete():
+    (ops, extra), = check([([], [100, 200])])
+    assert ops == [(-1, -1, 0, 0, 2), (-1, -1, 0, 0, 2)] and extra == 0
+
+
+def test_no_ops_all_bytes_extra():
+    (ops, extra), = check([([(0, 10), (5, 20)], [])])
+    assert ops == [] and extra == 30
+
+
+def test_single_epoch_op():
+    (ops, _), = check([([(7, 1_000_000)], [1_000_000])])
+    assert ops == [(7, 7, 1, 1_000_000, 1)]
+
+
+def test_huge_gaps_within_op_do_not_split_before_volume():
+    rows = [(0, 100_000), (10_000, 100_000), (20_000, 100_000)]
+    (ops, _), = check([(rows, [300_000])], gap=3, stall=50_000)
+    assert ops == [(0, 20_000, 3, 300_000, 1)]
+
+
+def test_all_active_back_to_back_split_at_crossing():
+    # 3 ops of 1 MB at 300 kB/epoch with no idle epoch: crossings inside epochs.
+    rows = [(e, 300_000) for e in range(10)]
+    (ops, extra), = check([(rows, [1_000_000, 1_000_000, 1_000_000])])
+    assert [o[:2] for o in ops] == [(0, 3), (3, 6), (6, 9)]
+    assert [o[3] for o in ops] == [1_000_000, 1_000_000, 1_000_000]  # last op gets its exact need
+    assert extra == 0 and all(o[4] == 1 for o in ops)
+
+
+def test_retransmission_surplus_stays_with_op_before_gap():
+    rows = [(0, 500_000), (1, 500_000), (2, 2_000), (10, 500_000), (11, 500_000)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])])
+    assert ops[0] == (0, 2, 3, 1_002_000, 1)
+    assert ops[1] == (10, 11, 2, 1_000_000, 1)
+
+
+def test_large_surplus_without_gap_goes_to_next_op():
+    rows = [(0, 500_000), (1, 500_000), (2, 400_000), (3, 600_000)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])])
+    assert ops[0] == (0, 1, 2, 1_000_000, 1) and ops[1] == (2, 3, 2, 1_000_000, 1)
+
+
+def test_stall_closes_incomplete_then_later_bytes_start_next_op():
+    rows = [(0, 1000), (5000, 1_000_000)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])], gap=3, stall=100)
+    assert ops[0] == (0, 0, 1, 1000, 2) and ops[1] == (5000, 5000, 1, 1_000_000, 1)
+
+
+def test_retransmission_without_gap_stays_until_next_issue():
+    # op 0 needs 1 MB but go-back-N resends 2 MB more, with no pause; op 1 is issued at 20.
+    rows = [(e, 300_000) for e in range(10)] + [(e, 300_000) for e in range(20, 24)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])], earliest=[[0, 20]])
+    assert ops[0][:2] == (0, 9) and ops[0][3] == 3_000_000
+    assert ops[1][:2] == (20, 23)
+    # without issue times the surplus beyond the slack starts the next operator
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])])
+    assert ops[0][:2] == (0, 3)
+
+
+def test_bytes_after_a_gap_before_the_next_issue_stay_with_the_operator():
+    rows = [(0, 600_000), (1, 600_000), (10, 300_000), (30, 1_000_000)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])], earliest=[[0, 25]], merge=100)
+    assert ops[0][:4] == (0, 10, 3, 1_500_000) and ops[1][:2] == (30, 30)
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])], earliest=[[0, 25]], merge=5)
+    assert ops[0][:2] == (0, 1)
+
+
+def test_small_tail_after_pause_within_tolerance_is_merged():
+    # 1_000_000 needed; 999_000 arrive (within tolerance), a pause, then the 1_000 B tail.
+    rows = [(0, 500_000), (1, 499_000), (30, 1_000), (60, 900_000), (61, 100_000)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])])
+    assert ops[0] == (0, 30, 3, 1_000_000, 1) and ops[1][:2] == (60, 61)
+    # but a big burst after the pause is the next operator
+    rows = [(0, 500_000), (1, 499_000), (30, 600_000), (31, 400_000)]
+    (ops, _), = check([(rows, [1_000_000, 1_000_000])])
+    assert ops[0] == (0, 1, 2, 999_000, 1) and ops[1][:2] == (30, 31)
+
+
+def test_short_of_volume_is_incomplete_with_bytes_seen():
+    (ops, _), = check([([(0, 100_000), (1, 100_000)], [1_000_000, 5])])
+    assert ops == [(0, 1, 2, 200_000, 2), (-1, -1, 0, 0, 2)]
+
+
+@pytest.mark.parametrize("per_epoch", [7_000, 50_000, 333_333, 2_000_000])
+@pytest.mark.parametrize("gap_between", [0, 1, 3, 40])
+def test_exact_boundaries_on_clean_traffic(per_epoch, gap_between):
+    sizes = [1_000_000, 3_000, 250_000, 4_000_000]
+    rows, truth = exact_flow(sizes, [gap_between] * 4, per_epoch)
+    merged = {}
+    for e, b in rows:
+        merged[e] = merged.get(e, 0) + b
+    rows = sorted(merged.items())
+    (ops, extra), = check([(rows, sizes)], gap=3)
+    for o, (s, e) in zip(ops, truth, strict=True):
+        assert abs(o[0] - s) <= 1 and abs(o[1] - e) <= 1, (ops, truth)
+        assert o[4] == 1
+    assert extra == 0
+
+
+def test_one_microsecond_epochs_large_indices():
+    base = 1_700_000_000_000_000  # ns since 1970 as 1 µs epochs
+    rows = [(base + i, 1500) for i in range(2000)]
+    (ops, _), = check([(rows, [1_500_000, 1_500_000])], gap=3, stall=1_000_000)
+    assert ops[0][:2] == (base, base + 999) and ops[1][:2] == (base + 1000, base + 1999)
+
+
+def test_resumable_prefix_runs_equal_one_run():
+    rng = np.random.default_rng(5)
+    rows, _ = exact_flow([800_000, 1_200_000, 90_000, 700_000], [0, 5, 0, 2], 130_000)
+    ep = np.array([e for e, _ in rows], np.int64)
+    by = np.array([b for _, b in rows], np.int64) + rng.integers(0, 3, len(rows))
+    need = np.array([800_000, 1_200_000, 90_000, 700_000], np.int64)
+    thr, slack = volume_bounds(need, 1e-3, 4096)
+    full = run_kernel(np.array([0, ep.size]), ep, by, np.array([0, 4]), need, thr, slack, gap=3, stall=100)
+    for cut in range(1, ep.size):
+        part = run_kernel(np.array([0, cut]), ep[:cut], by[:cut], np.array([0, 4]), need, thr, slack,
+                          gap=3, stall=100, watermark=np.array([ep[cut]]), final=False)
+        k = int(part.next_op[0])
+        for name in ("start", "end", "act", "vol", "status"):
+            assert np.array_equal(getattr(part, name)[:k], getattr(full, name)[:k])
+        c = int(part.consumed[0])
+        by2 = by[c:].copy()
+        rest = run_kernel(np.array([0, ep.size - c]), ep[c:], by2, np.array([0, 4 - k]), need[k:], thr[k:],
+                          slack[k:], gap=3, stall=100, carry_in=np.array([part.carry[0]]))
+        for name in ("start", "end", "act", "vol", "status"):
+            assert np.array_equal(getattr(rest, name), getattr(full, name)[k:]), (cut, name)
+    assert ep.max() < FAR
+
+
+@pytest.mark.parametrize("bad", [
+    dict(row_ptr=[0, 3], epochs=[0, 2, 1], nbytes=[1, 1, 1]),
+    dict(row_ptr=[0, 2], epochs=[0, 1], nbytes=[1, 0]),
+    dict(row_ptr=[1, 2], epochs=[0, 1], nbytes=[1, 1]),
+    dict(row_ptr=[0, 2], epochs=[0.5, 1], nbytes=[1, 1]),
+])
+def test_bad_input_is_a_clear_error(bad):
+    with pytest.raises(SegmentationError):
+        segment_rows(np.array(bad["row_ptr"]), np.array(bad["epochs"]), np.array(bad["nbytes"]),
+                     np.array([0, 1]), np.array([10]), gap=3, stall=10)
+
+
+def test_bad_need_and_gap():
+    with pytest.raises(SegmentationError):
+        segment_rows(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([0, 1]),
+                     np.array([0]), gap=3, stall=10)
+    with pytest.raises(SegmentationError):
+        segment_rows(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([0, 0]),
+                     np.zeros(0, np.int64), gap=0, stall=10)
