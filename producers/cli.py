@@ -1,0 +1,226 @@
+"""``pulse produce``: publish samples and hook events to Kafka from a source."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from pulse.errors import ConfigError
+from pulse.settings import Settings
+
+_CTX = {"help_option_names": ["-h", "--help"]}
+
+
+@dataclasses.dataclass
+class _Opts:
+    settings: Settings
+    publisher: dict[str, Any]
+    as_json: bool
+
+
+def _report(opts: _Opts, summary: dict[str, Any]) -> None:
+    if opts.as_json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        st = summary.get("publisher", {})
+        click.echo(f"published {summary.get('batches', 0)} batches, {summary.get('events', 0)} hook events "
+                   f"({st.get('confirmed', 0)} confirmed, {st.get('spool_bytes', 0)} bytes left in the spool, "
+                   f"{st.get('dropped', 0)} dropped, {st.get('outages', 0)} broker outages)", err=True)
+
+
+@click.group(context_settings=_CTX)
+@click.option("--broker", help="Kafka bootstrap host:port (default PULSE_BROKER).")
+@click.option("--topic-prefix", "prefix", help="Topic prefix (default PULSE_TOPIC_PREFIX or 'pulse').")
+@click.option("--partitions", type=int, help="Partitions of samples/hook-events when creating them.")
+@click.option("--compression", type=click.Choice(["zstd", "lz4", "gzip", "none"]), default="zstd", show_default=True)
+@click.option("--linger-ms", type=int, default=5, show_default=True, help="Batching delay of the producer.")
+@click.option("--spool-dir", type=click.Path(file_okay=False), help="Disk spool (default PULSE_SPOOL_DIR).")
+@click.option("--spool-max-bytes", type=int, help="Spool bound (default PULSE_SPOOL_MAX_BYTES).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
+@click.pass_context
+def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitions: int | None, compression: str,
+            linger_ms: int, spool_dir: str | None, spool_max_bytes: int | None, as_json: bool) -> None:
+    """Publish epoch batches (pulse.samples) and hook events (pulse.hook-events), keyed by node.
+
+    When the broker is unreachable, messages wait in a bounded disk spool and are sent in
+    order when it returns; only a full spool loses messages (counted and logged).
+    """
+    s = Settings.from_env()
+    changes: dict[str, Any] = {}
+    if broker:
+        changes["broker"] = broker
+    if prefix:
+        changes["topic_prefix"] = prefix
+    if partitions:
+        changes["partitions"] = partitions
+    if spool_dir:
+        changes["spool_dir"] = Path(spool_dir)
+    if spool_max_bytes is not None:
+        changes["spool_max_bytes"] = spool_max_bytes
+    s = dataclasses.replace(s, **changes) if changes else s
+    if not s.broker:
+        raise ConfigError("no broker: set PULSE_BROKER or --broker host:port (pulse broker runs an embedded one)")
+    ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms}, as_json)
+
+
+async def _publish_trace(opts: _Opts, trace_dir: str, speed: float) -> dict[str, Any]:
+    from .publisher import Publisher
+    from .replay import publish_trace
+
+    t0 = time.perf_counter()
+    async with Publisher(opts.settings, **opts.publisher) as pub:
+        counts = await publish_trace(pub, trace_dir, speed=speed)
+        await pub.flush()
+    return {**counts, "wall_s": round(time.perf_counter() - t0, 3), "publisher": pub.stats}
+
+
+@produce.command("trace", context_settings=_CTX)
+@click.argument("trace_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--realtime/--fast", default=False, show_default=True,
+              help="Pace by the recorded timestamps, or send as fast as possible.")
+@click.option("--speed", type=float, default=1.0, show_default=True, help="With --realtime: trace s per wall s.")
+@click.pass_obj
+def trace_cmd(opts: _Opts, trace_dir: str, realtime: bool, speed: float) -> None:
+    """Replay a trace directory (pulse sim / pulse capture output)."""
+    if speed <= 0:
+        raise ConfigError(f"--speed {speed}: must be > 0")
+    _report(opts, asyncio.run(_publish_trace(opts, trace_dir, speed if realtime else 0.0)))
+
+
+@produce.command("sim", context_settings=_CTX)
+@click.option("--scenario", default="nic-slow", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--steps", type=int, default=12, show_default=True)
+@click.option("--nodes", type=int, default=8, show_default=True)
+@click.option("--gpus-per-node", type=int, default=8, show_default=True)
+@click.option("--nics-per-node", type=int, default=8, show_default=True)
+@click.option("--job", default="sim", show_default=True)
+@click.option("--speed", type=float, default=1.0, show_default=True, help="Simulated seconds per wall second.")
+@click.option("--keep", type=click.Path(file_okay=False), default=None, help="Keep the simulated trace here.")
+@click.pass_obj
+def sim_cmd(opts: _Opts, scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, nics_per_node: int,
+            job: str, speed: float, keep: str | None) -> None:
+    """Stream a simulated job in real time.
+
+    The simulator computes a whole run at once (its engine is not incremental), so the job
+    is simulated first and then streamed paced by its own timestamps: to the pipeline
+    it is indistinguishable from a live job.
+    """
+    from pulse.sim.config import SimConfig
+    from pulse.sim.run import simulate
+
+    if speed <= 0:
+        raise ConfigError(f"--speed {speed}: must be > 0")
+    cfg = SimConfig(scenario=scenario, seed=seed, steps=steps, nodes=nodes, gpus_per_node=gpus_per_node,
+                    nics_per_node=nics_per_node, job=job)
+    cfg.resolved()
+    with tempfile.TemporaryDirectory(prefix="pulse-produce-sim-") as tmp:
+        out = Path(keep) if keep else Path(tmp) / "trace"
+        if not opts.as_json:
+            click.echo(f"simulating {scenario} (seed {seed}, {nodes * gpus_per_node} GPUs, {steps} steps)...", err=True)
+        simulate(cfg, out)
+        _report(opts, asyncio.run(_publish_trace(opts, str(out), speed)))
+
+
+def _publish_iter(opts: _Opts, events: Iterable[Any]) -> dict[str, Any]:
+    from .sync import SyncPublisher
+
+    n = 0
+    with SyncPublisher(opts.settings, **opts.publisher) as pub:
+        try:
+            for ev in events:
+                pub.publish(events=[ev])
+                n += 1
+        except KeyboardInterrupt:
+            pass
+        pub.flush(timeout=30)
+        stats = pub.stats
+    return {"events": n, "batches": 0, "publisher": stats}
+
+
+@produce.command("nccl-log", context_settings=_CTX)
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--follow", is_flag=True, help="Keep reading as lines are appended (like tail -F).")
+@click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many idle seconds.")
+@click.option("--job", default="", help="Job name for the events.")
+@click.option("--node", default=None, help="Node name (default: from the log, else the host name).")
+@click.pass_obj
+def nccl_log_cmd(opts: _Opts, file: str, follow: bool, idle_exit: float | None, job: str, node: str | None) -> None:
+    """Hook events (comm, flow, op) from an NCCL debug log (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,NET,COLL)."""
+    from pulse.hooks.nccl_log import NcclLogParser, follow_file, parse_file
+
+    if follow:
+        parser = NcclLogParser(job=job, node=node)
+        events: Iterable[Any] = follow_file(file, parser, idle_timeout=idle_exit)
+    else:
+        if not Path(file).is_file():
+            raise ConfigError(f"{file}: no such file")
+        events = parse_file(file, job=job, node=node)[0]
+    _report(opts, _publish_iter(opts, events))
+
+
+@produce.command("plugin", context_settings=_CTX)
+@click.argument("path", type=click.Path())
+@click.option("--timeout", type=float, default=None, help="Socket: stop after this many seconds without data.")
+@click.option("--job", default="", help="Job name for the events.")
+@click.option("--node", default=None, help="Node name (default: the plugin's host name).")
+@click.pass_obj
+def plugin_cmd(opts: _Opts, path: str, timeout: float | None, job: str, node: str | None) -> None:
+    """Hook events from the NCCL profiler plugin: a directory of its record files
+    (pulse-nccl-*.rec, read once) or its Unix datagram socket (PULSE_HOOK_SOCKET, bound here)."""
+    from pulse.hooks.plugin_reader import read_plugin_file, receive_plugin_socket
+
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(p.glob("*.rec"))
+        if not files:
+            raise ConfigError(f"{p}: no plugin record files (*.rec) in this directory")
+
+        def from_files() -> Iterable[Any]:
+            for f in files:
+                yield from read_plugin_file(f, job=job, node=node)[0]
+
+        events: Iterable[Any] = from_files()
+    else:
+        events = receive_plugin_socket(p, timeout=timeout, job=job, node=node)
+    _report(opts, _publish_iter(opts, events))
+
+
+@produce.command("capture", context_settings=_CTX)
+@click.option("--iface", required=True, help="Interface to capture on (needs root/CAP_NET_RAW).")
+@click.option("--epoch-us", type=float, default=32.0, show_default=True)
+@click.option("--window-ms", type=float, default=10.0, show_default=True, help="Batch window.")
+@click.option("--local", "local", multiple=True, help="A local address of this node (repeatable).")
+@click.option("--node", default=None, help="Node name (default: the host name).")
+@click.option("--job", default="", help="Job name.")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.pass_obj
+def capture_cmd(opts: _Opts, iface: str, epoch_us: float, window_ms: float, local: tuple[str, ...],
+                node: str | None, job: str, duration: float | None) -> None:
+    """Live per-flow epochs from a network interface, published every window."""
+    from pulse.nic.live import capture_live
+
+    from .sync import SyncPublisher
+
+    epoch_ns = round(epoch_us * 1000)
+    window_ns = int(window_ms * 1e6)
+    if window_ns < epoch_ns:
+        raise ConfigError(f"--window-ms {window_ms}: must be at least one epoch")
+    node_name = node or socket.gethostname().split(".")[0]
+    with SyncPublisher(opts.settings, **opts.publisher) as pub:
+        summary = capture_live(iface, out=None, epoch_ns=epoch_ns, window_ns=window_ns, local=list(local),
+                               node=node_name, job=job, duration_s=duration, publisher=pub.publish,
+                               verbose=not opts.as_json)
+        pub.flush(timeout=30)
+        stats = pub.stats
+    _report(opts, {**summary, "publisher": stats})

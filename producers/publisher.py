@@ -1,0 +1,344 @@
+"""The Kafka publisher: epoch batches and hook events out, keyed by node, never lost quietly.
+
+Normal path: aiokafka batches messages per partition (``linger_ms``) and compresses them
+(zstd by default). Every message stays in an in-flight window until the broker confirmed
+it. When a send fails (broker down, timeout) the failed message and everything queued after
+it go to the disk :class:`~pulse.producers.spool.Spool` in order, and so does every new
+message until the spool drained: a background task reconnects with backoff, re-creates the
+topics (an in-memory broker that restarted has none), sends the oldest spooled segment,
+waits for every confirmation, then deletes it. Order per key is kept; a message confirmed
+late after a failure may be delivered twice (at-least-once: consumers drop duplicate
+``batch_seq``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from typing import Any
+
+from pulse import events as _events
+from pulse import samples as _samples
+from pulse.errors import ConfigError, ServiceError
+from pulse.settings import Settings
+
+from .spool import Spool
+
+log = logging.getLogger("pulse.producers")
+
+COMPRESSIONS = ("zstd", "lz4", "gzip", "none")
+
+
+class Publisher:
+    """Async publisher of samples and hook events with a disk spool; ``async with`` it."""
+
+    def __init__(self, settings: Settings, *, bootstrap: str | None = None, compression: str = "zstd",
+                 linger_ms: int = 5, max_batch_bytes: int = 1 << 20, send_timeout_s: float = 5.0,
+                 max_inflight: int = 2000, spool_dir: str | None = None, spool_max_bytes: int | None = None,
+                 create_topics: bool = True, client_id: str = "pulse-producer",
+                 retry_backoff_s: tuple[float, float] = (0.2, 5.0), probe_interval_s: float = 0.1) -> None:
+        if compression not in COMPRESSIONS:
+            raise ConfigError(f"compression {compression!r}: use one of {', '.join(COMPRESSIONS)}")
+        self.settings = settings
+        self.bootstrap = bootstrap or settings.broker
+        if not self.bootstrap:
+            raise ConfigError("no broker: set PULSE_BROKER (host:port) or pass a bootstrap address")
+        self.topics = settings.topics
+        self.compression = None if compression == "none" else compression
+        self.linger_ms = int(linger_ms)
+        self.max_batch_bytes = int(max_batch_bytes)
+        self.send_timeout_s = float(send_timeout_s)
+        self.max_inflight = int(max_inflight)
+        self.create_topics = create_topics
+        self.client_id = client_id
+        self.backoff = retry_backoff_s
+        self.probe_interval_s = probe_interval_s
+        self.spool = Spool(spool_dir or settings.spool_dir,
+                           settings.spool_max_bytes if spool_max_bytes is None else spool_max_bytes)
+        self._producer: Any = None
+        self._up = False
+        self._inflight: collections.deque[tuple[str, bytes, bytes, asyncio.Future[Any]]] = collections.deque()
+        self._wake = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.sent = 0
+        self.confirmed = 0
+        self.bytes_sent = 0
+        self.outages = 0
+        self.delivered_from_spool = 0
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def __aenter__(self) -> Publisher:
+        # A broker that is up gets the first messages directly rather than via the spool.
+        await self.start(wait_s=self.send_timeout_s)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self, *, wait_s: float = 0.0) -> None:
+        """Start the background tasks; with ``wait_s`` wait that long for a first connection."""
+        self._tasks = [asyncio.create_task(self._settle_loop(), name="pulse-settle"),
+                       asyncio.create_task(self._reconnect_loop(), name="pulse-reconnect"),
+                       asyncio.create_task(self._watchdog(), name="pulse-watchdog")]
+        if wait_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wait_up(), wait_s)
+
+    async def _wait_up(self) -> None:
+        while not self._up:
+            await asyncio.sleep(0.02)
+
+    async def stop(self, *, drain_timeout_s: float = 30.0) -> None:
+        """Confirm what is in flight and try to drain the spool for up to ``drain_timeout_s``;
+        what is left stays on disk for the next run."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), drain_timeout_s)
+        self._closing = True
+        if self._inflight:
+            self._up = False
+        self._wake.set()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+        # Whatever is still unconfirmed goes to disk so a later run can send it.
+        self._spool_inflight()
+        self.spool.close()
+        await self._close_producer()
+        if not self.spool.empty:
+            log.warning("%d bytes of messages remain in the spool %s (sent on the next start)",
+                        self.spool.bytes, self.spool.dir)
+
+    async def flush(self) -> None:
+        """Return once every message given so far is confirmed by the broker (spool drained)."""
+        while True:
+            if self._inflight:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._inflight[-1][3])
+                await asyncio.sleep(0)
+                continue
+            if self._up and self.spool.empty and not self._inflight:
+                return
+            self._wake.set()
+            await asyncio.sleep(0.05)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {"sent": self.sent, "confirmed": self.confirmed, "bytes": self.bytes_sent,
+                "inflight": len(self._inflight), "spool_bytes": self.spool.bytes,
+                "spooled": self.spool.spooled, "delivered_from_spool": self.delivered_from_spool,
+                "dropped": self.spool.dropped, "outages": self.outages, "connected": self._up}
+
+    # -- publishing ----------------------------------------------------------------------
+
+    async def publish_batch(self, batch: _samples.EpochBatch) -> None:
+        await self.publish(self.topics.samples, batch.node.encode(), _samples.encode(batch))
+
+    async def publish_event(self, event: _events.HookEvent) -> None:
+        await self.publish(self.topics.hook_events, event.node.encode(), _events.encode(event))
+
+    async def publish(self, topic: str, key: bytes, value: bytes) -> None:
+        if not self._up or not self.spool.empty:
+            self.spool.append(topic, key, value)
+            self._wake.set()
+            return
+        try:
+            fut = await asyncio.wait_for(self._producer.send(topic, value, key=key), self.send_timeout_s)
+        except Exception as exc:  # broker gone, metadata timeout, buffer full for too long
+            self._down(exc)
+            self.spool.append(topic, key, value)
+            return
+        if not self._up:
+            # The broker went down while aiokafka took it (the watchdog stopped the sender,
+            # so this future would never resolve): it goes to the spool like the rest.
+            self.spool.append(topic, key, value)
+            return
+        self.sent += 1
+        self.bytes_sent += len(value)
+        self._inflight.append((topic, key, value, fut))
+        self._wake.set()
+        if len(self._inflight) >= self.max_inflight:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._inflight[0][3])
+
+    # -- failure handling ----------------------------------------------------------------
+
+    def _down(self, exc: BaseException) -> None:
+        if self._up:
+            self.outages += 1
+            log.warning("broker %s unreachable (%s): spooling to %s", self.bootstrap,
+                        type(exc).__name__ or exc, self.spool.dir)
+        self._up = False
+        # aiokafka would otherwise keep retrying in the background and hand our messages to
+        # a restarted in-memory broker before the topics exist again, which acknowledges
+        # and drops them: stop its sender now; unconfirmed messages go to the spool.
+        self._stop_sender()
+        self._spool_inflight()
+        self._wake.set()
+
+    def _stop_sender(self) -> None:
+        sender = getattr(self._producer, "_sender", None)
+        task = getattr(sender, "sender_task", None)
+        if task is not None and not task.done():
+            task.cancel()
+
+    async def _watchdog(self) -> None:
+        """Probe the broker between sends: an outage shorter than aiokafka's retry window
+        must still be noticed (see :meth:`_down`)."""
+        from pulse.broker import probe_metadata
+
+        hosts = [h.rsplit(":", 1) for h in self.bootstrap.split(",")]
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            if not self._up:
+                continue
+            ok = False
+            for host, port in hosts:
+                try:
+                    await asyncio.to_thread(probe_metadata, host, int(port), 1.0)
+                    ok = True
+                    break
+                except Exception:
+                    continue
+            if not ok and self._up:
+                self._down(ConnectionError(f"no broker answers at {self.bootstrap}"))
+
+    def _spool_inflight(self) -> None:
+        # Unconfirmed messages keep their order ahead of anything spooled after them.
+        pending = list(self._inflight)
+        self._inflight.clear()
+        if not pending:
+            return
+        # They must precede what is already in the spool only if the spool was empty; a
+        # non-empty spool means they were sent after it drained, so after it is right too.
+        for topic, key, value, fut in pending:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.confirmed += 1
+                continue
+            self.spool.append(topic, key, value)
+
+    async def _settle_loop(self) -> None:
+        while True:
+            if not self._inflight:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            fut = self._inflight[0][3]
+            try:
+                await asyncio.shield(fut)
+            except Exception as exc:
+                self._down(exc)
+                continue
+            if self._inflight and self._inflight[0][3] is fut:
+                self._inflight.popleft()
+                self.confirmed += 1
+
+    async def _reconnect_loop(self) -> None:
+        delay = self.backoff[0]
+        while not self._closing:
+            if self._up and self.spool.empty:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                if not self._up:
+                    await self._close_producer()
+                    await self._connect()
+                await self._drain()
+                self._up = True
+                delay = self.backoff[0]
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._up = False
+                log.info("broker %s still unreachable (%s); retrying in %.1f s", self.bootstrap, exc, delay)
+                await self._close_producer()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+
+    async def _connect(self) -> None:
+        from aiokafka import AIOKafkaProducer
+
+        if self.create_topics:
+            await ensure_topics(self.bootstrap, self.settings, timeout_s=self.send_timeout_s)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+            compression_type=self.compression, linger_ms=self.linger_ms,
+            max_batch_size=self.max_batch_bytes, max_request_size=max(self.max_batch_bytes, 16 << 20),
+            request_timeout_ms=int(self.send_timeout_s * 1000), retry_backoff_ms=100,
+            enable_idempotence=False)
+        try:
+            await asyncio.wait_for(producer.start(), self.send_timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await producer.stop()
+            raise
+        self._producer = producer
+
+    async def _drain(self) -> None:
+        """Send the spool oldest segment first; each segment is deleted once confirmed."""
+        while True:
+            head = self.spool.oldest()
+            if head is None:
+                return
+            path, messages = head
+            futs = []
+            for topic, key, value in messages:
+                futs.append(await asyncio.wait_for(self._producer.send(topic, value, key=key),
+                                                   self.send_timeout_s))
+            await asyncio.wait_for(asyncio.gather(*futs), self.send_timeout_s * 2)
+            self.spool.release(path)
+            self.delivered_from_spool += len(messages)
+            self.sent += len(messages)
+            self.confirmed += len(messages)
+            self.bytes_sent += sum(len(v) for _, _, v in messages)
+            log.debug("delivered %d spooled messages from %s", len(messages), path.name)
+
+    async def _close_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        if self._up:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(producer.stop(), self.send_timeout_s)
+            return
+        # Broker gone: do not let stop() flush (it would retry); drop the client.
+        producer._closed = True
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(producer._sender.close(), 1.0)
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(producer.client.close(), 1.0)
+
+
+async def ensure_topics(bootstrap: str, settings: Settings, *, timeout_s: float = 10.0,
+                        derived_partitions: int | None = None) -> dict[str, int]:
+    """Create every Pulse topic with explicit partition counts (never broker auto-create).
+
+    samples and hook-events are co-partitioned (same count, same key = node); op-metrics and
+    verdicts are keyed by job and get ``derived_partitions`` (default: the same count).
+    """
+    from pulse.broker import create_topics
+
+    t = settings.topics
+    n = settings.partitions
+    m = derived_partitions or n
+    wanted = {t.samples: n, t.hook_events: n, t.op_metrics: m, t.verdicts: m,
+              t.dead_letter: 1, t.pipeline: 1}
+    try:
+        return await create_topics(bootstrap, wanted, timeout_s=timeout_s)
+    except ServiceError:
+        raise
+    except ConfigError:
+        raise
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

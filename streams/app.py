@@ -1,0 +1,300 @@
+"""The Faust app: topics, the segment and localize agents, the pipeline timer.
+
+* Topics are created up front with explicit partition counts (``ensure_topics``): samples
+  and hook-events co-partitioned (same key = node, same count); Faust only declares what
+  already exists, and broker auto-create is never relied on.
+* ``segment`` consumes samples *and* hook-events in one agent (Faust has no stream-stream
+  join), per-node :class:`~pulse.segmentation.NodeSegmenter` state in
+  :class:`~pulse.streams.state.SegmentState`, and sends op-metrics keyed by job.
+* ``localize`` consumes op-metrics, one Localizer per job, and sends verdicts keyed by job.
+* Messages that fail to decode go to the dead-letter topic with the error; the partition
+  goes on.
+* CPU work (numba kernels, localization) runs in one thread per agent on chunks of at most
+  ``chunk`` messages, so the event loop keeps serving heartbeats and timers.
+* Processing is at-least-once (Tansu has no transactions). State is in memory and
+  rebuilt on start: before taking new messages, each agent replays its input topics up to
+  its group's committed offsets (outputs dropped: they were sent before that commit), then
+  Faust resumes at those offsets. (Faust tables were tried: against Tansu a table's changelog made
+  the group join take 30 s and recovery stall, so no table holds state here.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from pulse.records import Verdict
+from pulse.settings import Settings
+
+from .influx import InfluxSink
+from .state import LocalizeState, Message, Output, SegmentState
+
+log = logging.getLogger("pulse.streams")
+
+PIPELINE_INTERVAL_S = 0.5
+
+
+async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None = None,
+                    timeout_s: float = 60.0) -> list[Message]:
+    """Messages of ``topic`` from the start up to ``upto`` (partition -> offset, exclusive;
+    default: the current end), with no consumer group and nothing committed."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
+                         auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20)
+    await c.start()
+    out: list[Message] = []
+    try:
+        await c._client.force_metadata_update()
+        parts = c.partitions_for_topic(topic) or set()
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        if not tps:
+            return out
+        c.assign(tps)
+        await c.seek_to_beginning(*tps)
+        ends = await c.end_offsets(tps)
+        stop = {tp: ends[tp] if upto is None else min(ends[tp], upto.get(tp.partition, 0)) for tp in tps}
+        todo = {tp for tp in tps if stop[tp] > 0}
+        deadline = time.monotonic() + timeout_s
+        while todo and time.monotonic() < deadline:
+            batch = await c.getmany(*todo, timeout_ms=200)
+            for tp, msgs in batch.items():
+                for m in msgs:
+                    if m.offset < stop[tp]:
+                        out.append(Message(topic, m.key, m.value, m.partition, m.offset, m.timestamp))
+                if msgs and msgs[-1].offset + 1 >= stop[tp]:
+                    todo.discard(tp)
+    finally:
+        await c.stop()
+    return out
+
+
+async def committed_offsets(bootstrap: str, group: str, topics: list[str]) -> dict[tuple[str, int], int]:
+    """(topic, partition) -> committed offset of a consumer group (empty for a new group).
+
+    Asked through a consumer that never joins the group (the admin client's "all
+    partitions" OffsetFetch is not understood by Tansu)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    await c.start()
+    out: dict[tuple[str, int], int] = {}
+    try:
+        await c._client.force_metadata_update()
+        for topic in topics:
+            for p in sorted(c.partitions_for_topic(topic) or ()):
+                off = await c.committed(TopicPartition(topic, p))
+                if off is not None and off > 0:
+                    out[(topic, p)] = off
+    finally:
+        await c.stop()
+    return out
+
+
+class Pipeline:
+    """Builds the Faust app for a :class:`~pulse.settings.Settings`; holds the agents' state."""
+
+    def __init__(self, settings: Settings, *, bootstrap: str | None = None, influx: InfluxSink | None = None,
+                 segment_params: Any = None, localize_params: Any = None, chunk: int = 256,
+                 within_s: float = 0.01, on_verdicts: Callable[[list[Verdict]], None] | None = None,
+                 session_timeout_s: float = 10.0) -> None:
+        self.settings = settings
+        self.bootstrap = bootstrap or settings.broker
+        self.topics = settings.topics
+        self.segment_state = SegmentState(self.topics, segment_params)
+        self.localize_state = LocalizeState(localize_params)
+        self.influx = influx
+        self.chunk = chunk
+        self.within_s = within_s
+        self.on_verdicts = on_verdicts
+        self.session_timeout_s = session_timeout_s
+        self._seg_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-segment")
+        self._loc_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-localize")
+        self.lag_ms: dict[str, float] = {}
+        self.verdicts_sent = 0
+        self.dead_sent = 0
+        self.started_ns = time.time_ns()
+        self.app = self._build()
+
+    def _build(self) -> Any:
+        import faust
+
+        s = self.settings
+        t = self.topics
+        app = faust.App(
+            s.worker_id, broker=f"kafka://{self.bootstrap}", store="memory://", autodiscover=False,
+            web_enabled=False, processing_guarantee="at_least_once", topic_partitions=s.partitions,
+            topic_replication_factor=1, topic_allow_declare=False, topic_disable_leader=True,
+            consumer_auto_offset_reset="earliest", producer_compression_type="zstd", producer_linger_ms=1,
+            broker_session_timeout=self.session_timeout_s, broker_heartbeat_interval=1.0,
+            broker_rebalance_timeout=self.session_timeout_s, broker_commit_interval=1.0,
+            stream_wait_empty=False, producer_acks=-1,
+        )
+        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+        inputs = app.topic(t.samples, t.hook_events, partitions=s.partitions, **raw)
+        op_metrics = app.topic(t.op_metrics, partitions=s.partitions, **raw)
+        verdicts = app.topic(t.verdicts, partitions=s.partitions, **raw)
+        dead = app.topic(t.dead_letter, partitions=1, **raw)
+        pipeline = app.topic(t.pipeline, partitions=1, **raw)
+        self.topic_objects = {"op_metrics": op_metrics, "verdicts": verdicts, "dead": dead, "pipeline": pipeline}
+        loop_pools = (self._seg_pool, self._loc_pool)
+        del loop_pools
+
+        @app.agent(inputs, name="pulse-segment")
+        async def segment(stream: Any) -> None:
+            await self._seed_segmenters()
+            async for chunk in stream.take_events(self.chunk, within=self.within_s):
+                msgs = [self._message(ev) for ev in chunk]
+                out = await self._run(self._seg_pool, self.segment_state.handle, msgs)
+                self._note_lag("segment", chunk)
+                for key, value in out.op_metrics:
+                    await op_metrics.send(key=key, value=value)
+                if self.influx is not None and out.metrics:
+                    self.influx.add_metrics(out.metrics)
+                await self._dead(out, dead)
+
+        @app.agent(op_metrics, name="pulse-localize")
+        async def localize(stream: Any) -> None:
+            await self._seed_localizers()
+            async for chunk in stream.take_events(self.chunk, within=self.within_s):
+                msgs = [self._message(ev) for ev in chunk]
+                out = await self._run(self._loc_pool, self.localize_state.handle, msgs)
+                self._note_lag("localize", chunk)
+                await self._send_verdicts(out.verdicts, verdicts)
+                await self._dead(out, dead)
+
+        @app.timer(0.25)
+        async def release_held() -> None:
+            # Operators held for alignment go out even when no new record arrives.
+            if self.localize_state.aligners:
+                out = await self._run(self._loc_pool, lambda _m: self.localize_state.tick(), [])
+                await self._send_verdicts(out.verdicts, verdicts)
+
+        @app.timer(PIPELINE_INTERVAL_S)
+        async def pipeline_stats() -> None:
+            rec = self.pipeline_record(app)
+            await pipeline.send(key=s.worker_id.encode(), value=orjson.dumps(rec))
+            if self.influx is not None:
+                fields = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+                self.influx.add_pipeline(s.worker_id, "worker", fields, int(PIPELINE_INTERVAL_S * 1e9))
+
+        if self.influx is not None:
+            influx = self.influx
+
+            @app.task
+            async def influx_lifecycle() -> None:
+                await influx.setup()
+                try:
+                    await asyncio.Event().wait()  # until the worker stops and cancels this task
+                finally:
+                    await influx.close(timeout_s=5.0)  # what is queued still goes out
+
+        self.agents = (segment, localize)
+        return app
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _message(ev: Any) -> Message:
+        m = ev.message
+        return Message(topic=m.topic, key=m.key, value=m.value, partition=m.partition, offset=m.offset,
+                       timestamp=m.timestamp)
+
+    async def _run(self, pool: concurrent.futures.Executor, fn: Callable[[list[Message]], Output],
+                   msgs: list[Message]) -> Output:
+        return await asyncio.get_running_loop().run_in_executor(pool, fn, msgs)
+
+    def _note_lag(self, stage: str, chunk: list[Any]) -> None:
+        ts = max((ev.message.timestamp or 0) for ev in chunk) if chunk else 0
+        if ts:
+            self.lag_ms[stage] = max(0.0, time.time() * 1000 - ts * (1000 if ts < 1e11 else 1))
+
+    async def _send_verdicts(self, vs: list[Verdict], topic: Any) -> None:
+        if not vs:
+            return
+        for v in vs:
+            await topic.send(key=(v.job or "").encode(), value=v.to_json())
+        self.verdicts_sent += len(vs)
+        if self.influx is not None:
+            self.influx.add_verdicts(vs)
+        if self.on_verdicts is not None:
+            self.on_verdicts(vs)
+
+    async def _dead(self, out: Output, topic: Any) -> None:
+        for d in out.dead:
+            log.warning("dead letter from %s[%s]@%s: %s", d.topic, d.partition, d.offset, d.error)
+            await topic.send(key=d.topic.encode(), value=d.to_json())
+        self.dead_sent += len(out.dead)
+
+    async def _replay(self, topics: list[str]) -> list[Message]:
+        """What this worker's group had processed and committed before it (re)started, in
+        the order it was produced: replaying it rebuilds the in-memory state exactly as it
+        was at the commit (outputs were sent before that commit, so they are dropped)."""
+        try:
+            committed = await committed_offsets(self.bootstrap, self.settings.worker_id, topics)
+        except Exception as exc:  # a broker without OffsetFetch for admins: start empty
+            log.warning("cannot read committed offsets (%s): state starts empty", exc)
+            return []
+        msgs: list[Message] = []
+        for topic in topics:
+            upto = {p: off for (t, p), off in committed.items() if t == topic}
+            if upto:
+                msgs += await read_back(self.bootstrap, topic, upto=upto)
+        msgs.sort(key=lambda m: (m.timestamp or 0, m.topic != self.topics.hook_events))
+        return msgs
+
+    async def _seed_segmenters(self) -> None:
+        msgs = await self._replay([self.topics.hook_events, self.topics.samples])
+        for i in range(0, len(msgs), 1024):
+            await self._run(self._seg_pool, self.segment_state.handle, msgs[i:i + 1024])
+        if msgs:
+            log.warning("rebuilt segmentation state from %d committed messages", len(msgs))
+
+    async def _seed_localizers(self) -> None:
+        msgs = await self._replay([self.topics.op_metrics])
+        for i in range(0, len(msgs), 1024):
+            await self._run(self._loc_pool, self.localize_state.handle, msgs[i:i + 1024])
+        if msgs:
+            log.warning("rebuilt localization state from %d committed messages", len(msgs))
+
+    def pipeline_record(self, app: Any = None) -> dict[str, Any]:
+        seg = self.segment_state.stats
+        assigned = 0
+        with contextlib.suppress(Exception):
+            assigned = len((app or self.app).consumer.assignment())
+        rec: dict[str, Any] = {
+            "type": "pipeline", "v": 1, "worker": self.settings.worker_id, "at_ns": time.time_ns(),
+            "assigned": assigned, "batches": seg["batches"], "rows": seg["rows"], "events": seg["events"],
+            "op_metrics": seg["op_metrics"], "verdicts": self.verdicts_sent, "dead_letters": self.dead_sent,
+            "lost_batches": seg["lost_batches"], "drops": seg["late_batches"] + seg["lost_batches"],
+            "lag_ms_segment": round(self.lag_ms.get("segment", 0.0), 1),
+            "lag_ms_localize": round(self.lag_ms.get("localize", 0.0), 1),
+            "held_op_metrics": self.localize_state.held,
+        }
+        if self.influx is not None:
+            rec["influx_written"] = self.influx.written
+            rec["influx_dropped"] = self.influx.dropped
+        return rec
+
+
+def run_worker(settings: Settings, *, bootstrap: str | None = None, loglevel: str = "warning",
+               influx: InfluxSink | None = None, **kwargs: Any) -> None:
+    """Create the topics, then run the Faust worker until SIGINT/SIGTERM (blocks)."""
+    import faust
+    from pulse.producers.publisher import ensure_topics
+
+    bs = bootstrap or settings.broker
+    asyncio.run(ensure_topics(bs, settings, timeout_s=30.0))
+    pipe = Pipeline(settings, bootstrap=bs, influx=influx, **kwargs)
+    worker = faust.Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)
+    try:
+        worker.execute_from_commandline()
+    except SystemExit:
+        pass

@@ -1,0 +1,274 @@
+"""``pulse demo``: the embedded broker, a worker and a live simulated job, on one machine.
+
+The simulator computes a whole run at once, so the job is simulated first and then
+streamed through the producer paced by its own timestamps (real time by default): the
+worker sees what it would see from a live 64-GPU job. Each verdict is printed as it
+arrives, with the diagnosis latency: wall time of the verdict minus the wall time at which
+the first anomalous operator ended in the stream. That operator is taken from the
+simulator's ground truth (the earliest end, after the onset, of an operator on a culprit
+node); only this measurement reads the truth, never the pipeline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pulse.errors import ServiceError
+from pulse.settings import Settings
+
+READY_TIMEOUT_S = 90.0
+
+
+@dataclasses.dataclass
+class DemoConfig:
+    scenario: str = "nic-slow"
+    seed: int = 1
+    steps: int = 12
+    nodes: int = 8
+    gpus_per_node: int = 8
+    nics_per_node: int = 8
+    speed: float = 1.0
+    trace_dir: str | None = None
+    timeout_s: float = 120.0
+    as_json: bool = False
+    quiet_s: float = 3.0
+    echo: bool = True
+
+
+def first_anomalous_end_ns(truth: dict[str, Any]) -> int | None:
+    """End (culprit node clock) of the first operator on a culprit node ending after the onset."""
+    if not truth.get("kind") or not truth.get("culprit"):
+        return None
+    culprits = set(truth["culprit"].get("nodes") or [])
+    offsets = truth.get("clock_offsets_ns") or {}
+    onset = int(truth.get("onset_ns") or 0)
+    seg = truth.get("segments") or {}
+    best = None
+    for node, end in zip(seg.get("node", []), seg.get("end_ns", []), strict=False):
+        if node in culprits and end > onset + int(offsets.get(node, 0)):
+            best = end if best is None else min(best, end)
+    return best
+
+
+class _Stderr:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, text: str) -> None:
+        if self.enabled:
+            print(text, file=sys.stderr, flush=True)
+
+
+def start_worker(settings: Settings, bootstrap: str, log_path: Path, env: dict[str, str] | None = None,
+                 ) -> subprocess.Popen[bytes]:
+    """``pulse worker`` as a child process with the given broker and topic settings."""
+    child_env = dict(os.environ if env is None else env)
+    child_env.update({"PULSE_BROKER": bootstrap, "PULSE_TOPIC_PREFIX": settings.topic_prefix,
+                      "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id})
+    with open(log_path, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "pulse.cli", "worker", "--loglevel", "info"],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
+                                start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None:
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+
+
+async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = READY_TIMEOUT_S,
+                            proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
+                            worker: str | None = None) -> dict[str, Any]:
+    """Wait for a pipeline record with assigned partitions (the worker joined its group)."""
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", group_id=None,
+                         metadata_max_age_ms=1000)
+    await c.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                tail = log_path.read_bytes()[-2000:].decode(errors="replace") if log_path else ""
+                raise ServiceError(f"the worker exited with status {proc.returncode}:\n{tail}")
+            batch = await c.getmany(timeout_ms=300)
+            for msgs in batch.values():
+                for m in msgs:
+                    with contextlib.suppress(Exception):
+                        rec = orjson.loads(m.value)
+                        if rec.get("assigned", 0) > 0 and (worker is None or rec.get("worker") == worker):
+                            return dict(rec)
+    finally:
+        await c.stop()
+    raise ServiceError(f"the worker did not join its consumer group within {timeout_s:.0f} s"
+                       + (f" (log {log_path})" if log_path else ""))
+
+
+def _describe(v: dict[str, Any]) -> str:
+    if v.get("status") == "anomaly":
+        return (f"ANOMALY {v.get('kind')} at {v.get('level')} level: {', '.join(v.get('nodes') or [])}"
+                f" (confidence {float(v.get('confidence', 0)):.2f})")
+    if v.get("status") == "cleared":
+        return f"cleared {v.get('kind')}: {', '.join(v.get('nodes') or [])}"
+    return str(v.get("status"))
+
+
+async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path, workdir: Path) -> dict[str, Any]:
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from pulse.producers.publisher import Publisher, ensure_topics
+    from pulse.producers.replay import ReplayClock, publish_trace
+
+    from pulse.trace import read_truth
+
+    say = _Stderr(cfg.echo and not cfg.as_json)
+    truth = read_truth(trace) if (trace / "truth.json").exists() else {}
+    anomaly_end = first_anomalous_end_ns(truth)
+    await ensure_topics(bootstrap, settings, timeout_s=30.0)
+    log_path = workdir / "worker.log"
+    say(f"starting the worker (log {log_path})...")
+    proc = start_worker(settings, bootstrap, log_path)
+    results: list[dict[str, Any]] = []
+    clock = ReplayClock(cfg.speed)
+    try:
+        await wait_worker_ready(bootstrap, settings.topics.pipeline, proc=proc, log_path=log_path,
+                                worker=settings.worker_id)
+        cons = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+        await cons.start()
+        parts = sorted(cons.partitions_for_topic(settings.topics.verdicts) or {0})
+        tps = [TopicPartition(settings.topics.verdicts, p) for p in parts]
+        cons.assign(tps)
+        await cons.seek_to_end(*tps)
+        for tp in tps:
+            await cons.position(tp)
+        pipe = AIOKafkaConsumer(settings.topics.pipeline, bootstrap_servers=bootstrap, group_id=None,
+                                auto_offset_reset="latest")
+        await pipe.start()
+        say(f"streaming {trace.name} at {cfg.speed:g}x real time...")
+        done = asyncio.Event()
+        published: dict[str, Any] = {}
+        stats: dict[str, Any] = {}
+
+        async def stream() -> None:
+            async with Publisher(settings, bootstrap=bootstrap, linger_ms=2) as pub:
+                counts = await publish_trace(pub, trace, speed=cfg.speed, clock=clock)
+                await pub.flush()
+                published.update(counts)
+                stats.update(pub.stats)
+            done.set()
+
+        task = asyncio.create_task(stream())
+        worker_batches = 0
+        last_change = time.monotonic()
+        end_deadline: float | None = None
+        while True:
+            got = await cons.getmany(*tps, timeout_ms=100)
+            now = time.time()
+            for msgs in got.values():
+                for m in msgs:
+                    v = orjson.loads(m.value)
+                    lat = None
+                    if anomaly_end is not None and v.get("status") == "anomaly":
+                        lat = now - clock.wall_of(anomaly_end)
+                    rec = {**v, "received_at": now, "latency_s": lat,
+                           "stream_s": round(now - clock.t0_wall, 3)}
+                    results.append(rec)
+                    last_change = time.monotonic()
+                    if cfg.as_json:
+                        sys.stdout.write(orjson.dumps(rec).decode() + "\n")
+                        sys.stdout.flush()
+                    else:
+                        say(f"[{rec['stream_s']:7.2f} s] {_describe(v)}"
+                            + (f"   diagnosis latency {lat:.3f} s" if lat is not None else ""))
+            pg = await pipe.getmany(timeout_ms=0)
+            for msgs in pg.values():
+                for m in msgs:
+                    with contextlib.suppress(Exception):
+                        rec = orjson.loads(m.value)
+                        if rec.get("worker") == settings.worker_id and rec.get("batches", 0) != worker_batches:
+                            worker_batches = rec["batches"]
+                            last_change = time.monotonic()
+            if proc.poll() is not None:
+                raise ServiceError(f"the worker died (status {proc.returncode}); log {log_path}")
+            if done.is_set():
+                if task.done() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+                if end_deadline is None:
+                    end_deadline = time.monotonic() + cfg.timeout_s
+                caught_up = worker_batches >= published.get("batches", 0)
+                quiet = time.monotonic() - last_change > cfg.quiet_s
+                if (caught_up and quiet) or time.monotonic() > end_deadline:
+                    break
+        await cons.stop()
+        await pipe.stop()
+    finally:
+        stop_process(proc)
+    anomalies = [r for r in results if r.get("status") == "anomaly"]
+    culprits = set((truth.get("culprit") or {}).get("nodes") or [])
+    # The diagnosis is the first verdict naming a culprit node; earlier wrong ones are false alarms.
+    right = [r for r in anomalies if culprits & set(r.get("nodes") or [])]
+    lats = [r["latency_s"] for r in right if r.get("latency_s") is not None]
+    return {
+        "type": "demo-summary", "scenario": truth.get("scenario", cfg.scenario), "verdicts": len(results),
+        "anomalies": len(anomalies), "first_anomaly": anomalies[0] if anomalies else None,
+        "false_alarms_before": len(anomalies) - len(right) if not right else anomalies.index(right[0]),
+        "latency_s": lats[0] if lats else None,
+        "truth": {"nodes": (truth.get("culprit") or {}).get("nodes"), "kind": truth.get("kind")},
+        "batches": published.get("batches", 0), "rows": published.get("rows", 0),
+        "worker_batches": worker_batches, "publisher": stats, "worker_log": str(log_path),
+    }
+
+
+def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
+    from pulse.broker import EmbeddedBroker
+
+    say = _Stderr(cfg.echo and not cfg.as_json)
+    with tempfile.TemporaryDirectory(prefix="pulse-demo-") as tmp:
+        workdir = Path(tmp)
+        settings = dataclasses.replace(settings, spool_dir=workdir / "spool",
+                                       worker_id=f"{settings.worker_id}-demo-{os.getpid()}-{time.monotonic_ns() % 100000}")
+        trace = Path(cfg.trace_dir) if cfg.trace_dir else workdir / "trace"
+        if cfg.trace_dir is None:
+            from pulse.sim.config import SimConfig
+            from pulse.sim.run import simulate
+
+            simcfg = SimConfig(scenario=cfg.scenario, seed=cfg.seed, steps=cfg.steps, nodes=cfg.nodes,
+                               gpus_per_node=cfg.gpus_per_node, nics_per_node=cfg.nics_per_node, job="demo")
+            simcfg.resolved()
+            say(f"simulating {cfg.scenario} on {cfg.nodes * cfg.gpus_per_node} GPUs ({cfg.steps} steps, seed {cfg.seed})...")
+            s = simulate(simcfg, trace)
+            say(f"  {s.simulated_s:.2f} s of traffic, {s.batches} batches, {s.events} hook events")
+        broker = None
+        bootstrap = settings.broker
+        if not bootstrap:
+            broker = EmbeddedBroker(log_path=workdir / "tansu.log")
+            broker.start()
+            bootstrap = broker.bootstrap
+            say(f"embedded broker at {bootstrap}")
+        try:
+            summary = asyncio.run(_demo(settings, cfg, bootstrap, trace, workdir))
+        finally:
+            if broker is not None:
+                broker.stop()
+        summary["worker_log"] = None  # removed with the temporary directory
+    if cfg.as_json:
+        sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    return summary

@@ -1,0 +1,268 @@
+"""The InfluxDB sink: verdicts, per-operator metrics and the pipeline's health as points.
+
+Measurements (DESIGN.md "Wire contracts"): ``pulse_verdict`` (tags job, kind, level,
+status), ``pulse_op`` (tags job, node, comm, op), ``pulse_pipeline`` (tags worker, stage).
+Flow ids and seq numbers are fields, never tags (cardinality).
+
+Lifecycle: :meth:`InfluxSink.setup` detects the server from ``/ping`` (an
+``X-Influxdb-Version: 1.x`` header means the 1.x ``/write`` endpoint; anything else, e.g.
+InfluxDB 2.x/3.x or VictoriaMetrics, gets influxdb-client's v2 write API), ``add_*``
+only queue a line (never blocking the agents; a full queue drops and counts), a
+background task writes batches from a thread, retrying with exponential backoff, and
+:meth:`flush` / :meth:`close` drain it.
+
+Writes are idempotent: every point's timestamp is a pure function of the record (an
+operator's end, a verdict's first-seen time plus a digest of its identity), so writing
+the same record twice gives one point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import zlib
+from typing import Any
+
+import orjson
+
+from pulse.errors import ServiceError
+from pulse.records import OpMetrics, Verdict
+
+log = logging.getLogger("pulse.streams.influx")
+
+
+# -- line protocol -----------------------------------------------------------------------
+
+def _esc_key(s: str) -> str:
+    # Line protocol cannot express a backslash before an escaped character unambiguously;
+    # names here never hold one (check_name), so any is replaced.
+    return s.replace("\\", "/").replace(",", r"\,").replace("=", r"\=").replace(" ", r"\ ")
+
+
+def _esc_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _field(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return f"{v}i"
+    if isinstance(v, float):
+        return repr(v) if v == v and abs(v) != float("inf") else "0.0"
+    return _esc_str(str(v))
+
+
+def line(measurement: str, tags: dict[str, str | None], fields: dict[str, Any], ts_ns: int) -> str:
+    """One line-protocol point (empty tag values are left out, as InfluxDB requires)."""
+    tag_s = "".join(f",{_esc_key(k)}={_esc_key(str(v))}" for k, v in sorted(tags.items())
+                    if v is not None and str(v) != "")
+    field_s = ",".join(f"{_esc_key(k)}={_field(v)}" for k, v in fields.items() if v is not None)
+    return f"{_esc_key(measurement)}{tag_s} {field_s} {int(ts_ns)}"
+
+
+def _digest(*parts: object) -> int:
+    return zlib.crc32(orjson.dumps(parts, option=orjson.OPT_SORT_KEYS)) % 1000
+
+
+def op_line(m: OpMetrics) -> str:
+    # Ranks of one communicator on one node share the tag set; the sub-microsecond part of
+    # the timestamp is the rank, so they never overwrite each other.
+    ts = (m.end_ns // 1000) * 1000 + m.rank % 1000
+    rate_gbps = m.volume_bytes * 8 / m.act_ns if m.act_ns else 0.0
+    return line("pulse_op", {"job": m.job or "-", "node": m.node, "comm": m.comm_id, "op": m.kind},
+                {"rank": m.rank, "seq": m.seq, "duration_us": m.duration_ns / 1000, "act_us": m.act_ns / 1000,
+                 "volume_bytes": m.volume_bytes, "expected_bytes": m.expected_bytes,
+                 "rate_gbps": float(rate_gbps), "complete": m.complete, "flows": m.flows}, ts)
+
+
+def verdict_line(v: Verdict) -> str:
+    ident = v.id or (v.status, v.kind, v.level, v.nodes, v.window)
+    ts = (v.first_seen_ns // 1000) * 1000 + _digest(ident, v.status)
+    return line("pulse_verdict", {"job": v.job or "-", "kind": v.kind or "none", "level": v.level or "none",
+                                  "status": v.status},
+                {"nodes": ",".join(v.nodes), "ranks": ",".join(map(str, v.ranks)), "nics": ",".join(v.nics),
+                 "confidence": float(v.confidence), "first_seen_ns": v.first_seen_ns, "emitted_at": v.emitted_at,
+                 "method": v.method or "pulse", "id": v.id or "",
+                 "evidence": orjson.dumps(v.evidence).decode()[:4000]}, ts)
+
+
+def pipeline_line(worker: str, stage: str, fields: dict[str, Any], interval_ns: int,
+                  now_ns: int | None = None) -> str:
+    now = time.time_ns() if now_ns is None else now_ns
+    return line("pulse_pipeline", {"worker": worker, "stage": stage}, fields, now - now % interval_ns)
+
+
+# -- the sink ----------------------------------------------------------------------------
+
+class InfluxSink:
+    """Batched, retried, non-blocking writer to InfluxDB 1.x or the v2 write API."""
+
+    def __init__(self, url: str, *, org: str = "pulse", bucket: str = "pulse", token: str | None = None,
+                 batch_lines: int = 2000, flush_interval_s: float = 0.5, max_queue: int = 200_000,
+                 retries: int = 6, backoff_s: tuple[float, float] = (0.2, 5.0), timeout_s: float = 5.0,
+                 write_ops: bool = True) -> None:
+        self.url = url.rstrip("/")
+        self.org = org
+        self.bucket = bucket
+        self.token = token
+        self.batch_lines = batch_lines
+        self.flush_interval_s = flush_interval_s
+        self.max_queue = max_queue
+        self.retries = retries
+        self.backoff = backoff_s
+        self.timeout_s = timeout_s
+        self.write_ops = write_ops
+        self.version: str | None = None
+        self.v1 = False
+        self._queue: collections.deque[str] = collections.deque()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._client: Any = None
+        self._write_api: Any = None
+        self._busy = False
+        self.written = 0
+        self.dropped = 0
+        self.failed_batches = 0
+        self.retried = 0
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    async def setup(self) -> InfluxSink:
+        await asyncio.to_thread(self._detect)
+        self._wake = asyncio.Event()
+        self._task = asyncio.create_task(self._loop(), name="pulse-influx")
+        return self
+
+    def _detect(self) -> None:
+        try:
+            req = urllib.request.Request(self.url + "/ping", method="GET")
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                self.version = resp.headers.get("X-Influxdb-Version") or ""
+        except (OSError, urllib.error.URLError) as exc:
+            raise ServiceError(f"InfluxDB at {self.url} does not answer /ping: {exc}") from None
+        self.v1 = self.version.startswith("1.")
+        if self.v1:
+            q = urllib.parse.urlencode({"q": f'CREATE DATABASE "{self.bucket}"'})
+            self._http("POST", f"/query?{q}", b"")
+        else:
+            from influxdb_client import InfluxDBClient
+            from influxdb_client.client.write_api import SYNCHRONOUS
+
+            self._client = InfluxDBClient(url=self.url, token=self.token or "", org=self.org,
+                                          timeout=int(self.timeout_s * 1000))
+            self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+
+    def _http(self, method: str, path: str, body: bytes) -> None:
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if self.token:
+            headers["Authorization"] = f"Token {self.token}"
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+                resp.read()
+        except urllib.error.HTTPError as exc:
+            detail = exc.read()[:300].decode(errors="replace")
+            raise ServiceError(f"InfluxDB {self.url}{path.split('?')[0]}: HTTP {exc.code} {detail}") from None
+
+    async def close(self, *, timeout_s: float = 10.0) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.flush(), timeout_s)
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.close()
+            self._client = None
+
+    # adding (never blocks) ---------------------------------------------------------------
+
+    def add(self, lines: list[str]) -> None:
+        room = self.max_queue - len(self._queue)
+        if room < len(lines):
+            self.dropped += len(lines) - max(room, 0)
+            lines = lines[:max(room, 0)]
+        self._queue.extend(lines)
+        if self._wake is not None and len(self._queue) >= self.batch_lines:
+            self._wake.set()
+
+    def add_verdicts(self, verdicts: list[Verdict]) -> None:
+        self.add([verdict_line(v) for v in verdicts])
+        if verdicts and self._wake is not None:
+            self._wake.set()  # verdicts are what operators wait for: no linger
+
+    def add_metrics(self, metrics: list[OpMetrics]) -> None:
+        if self.write_ops:
+            self.add([op_line(m) for m in metrics])
+
+    def add_pipeline(self, worker: str, stage: str, fields: dict[str, Any], interval_ns: int) -> None:
+        self.add([pipeline_line(worker, stage, fields, interval_ns)])
+
+    # writing -----------------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        while self._queue or self._busy:
+            if self._wake is not None:
+                self._wake.set()
+            await asyncio.sleep(0.02)
+
+    async def _loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            if not self._queue:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+                continue
+            n = min(len(self._queue), self.batch_lines)
+            chunk = [self._queue.popleft() for _ in range(n)]
+            self._busy = True
+            try:
+                await self._write_with_retry(chunk)
+            finally:
+                self._busy = False
+
+    async def _write_with_retry(self, chunk: list[str]) -> None:
+        body = ("\n".join(chunk) + "\n").encode()
+        delay = self.backoff[0]
+        for attempt in range(self.retries + 1):
+            try:
+                await asyncio.to_thread(self._write, body)
+                self.written += len(chunk)
+                return
+            except Exception as exc:
+                if attempt == self.retries:
+                    self.failed_batches += 1
+                    self.dropped += len(chunk)
+                    log.error("InfluxDB %s: giving up on %d points after %d tries: %s",
+                              self.url, len(chunk), attempt + 1, exc)
+                    return
+                self.retried += 1
+                log.warning("InfluxDB %s write failed (%s); retry in %.1f s", self.url, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.backoff[1])
+
+    def _write(self, body: bytes) -> None:
+        if self.v1:
+            q = urllib.parse.urlencode({"db": self.bucket, "precision": "ns"})
+            self._http("POST", f"/write?{q}", body)
+        else:
+            from influxdb_client import WritePrecision
+
+            self._write_api.write(bucket=self.bucket, org=self.org, record=body.decode(),
+                                  write_precision=WritePrecision.NS)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        return {"url": self.url, "api": "v1" if self.v1 else "v2", "written": self.written,
+                "queued": len(self._queue), "dropped": self.dropped, "retried": self.retried,
+                "failed_batches": self.failed_batches}

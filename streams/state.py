@@ -1,0 +1,350 @@
+"""Per-worker state of the two agents, free of Faust so it can be driven and tested directly.
+
+:class:`SegmentState` holds one :class:`~pulse.segmentation.NodeSegmenter` per node whose
+partitions this worker owns. Messages of ``samples`` and ``hook-events`` arrive through
+one agent (Faust has no stream-stream join): batches go to ``update``, hook events to
+``add_events``. Comm events reach every node's segmenter (ring orders are per
+communicator, not per node). What a segmenter emits becomes ``op-metrics`` records keyed
+by job; comm and flow events are forwarded on the same topic so the localizer of the job
+(possibly on another worker) learns membership and NICs.
+
+:class:`LocalizeState` holds one :class:`~pulse.localization.Localizer` per job.
+
+A message that does not decode becomes a :class:`DeadLetter` instead of an exception, so
+one bad message never stops a partition.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+
+from pulse import events as _events
+from pulse import samples as _samples
+from pulse.errors import DecodeError, PulseError
+from pulse.records import OpMetrics, Verdict, decode_op_metrics
+from pulse.settings import Topics
+
+DEAD_LETTER_VALUE_LIMIT = 1 << 20
+
+
+def _segmentation() -> tuple[Any, Any]:
+    try:
+        from pulse.segmentation import NodeSegmenter, SegmentParams
+    except ImportError:  # older layout: the classes only in their modules
+        from pulse.segmentation.params import SegmentParams
+        from pulse.segmentation.streaming import NodeSegmenter
+    return NodeSegmenter, SegmentParams
+
+
+def _localization() -> tuple[Any, Any]:
+    try:
+        from pulse.localization import LocalizeParams, Localizer
+    except ImportError:
+        from pulse.localization.localizer import Localizer
+        from pulse.localization.params import LocalizeParams
+    return Localizer, LocalizeParams
+
+
+@dataclasses.dataclass(frozen=True)
+class DeadLetter:
+    """A message that failed: where it came from, why, and its bytes (base64, capped)."""
+
+    topic: str
+    partition: int | None
+    offset: int | None
+    key: bytes | None
+    value: bytes | None
+    error: str
+    stage: str
+
+    def to_json(self) -> bytes:
+        v = self.value or b""
+        return orjson.dumps({
+            "type": "dead-letter", "v": 1, "topic": self.topic, "partition": self.partition,
+            "offset": self.offset, "stage": self.stage, "error": self.error,
+            "key": None if self.key is None else self.key.decode(errors="replace"),
+            "value_b64": base64.b64encode(v[:DEAD_LETTER_VALUE_LIMIT]).decode(),
+            "value_bytes": len(v), "at_ns": time.time_ns(),
+        })
+
+
+@dataclasses.dataclass
+class Output:
+    """What handling some messages produced, for the agent to send."""
+
+    op_metrics: list[tuple[bytes, bytes]] = dataclasses.field(default_factory=list)
+    """(key = job, value) records for the op-metrics topic (metrics and forwarded events)."""
+    metrics: list[OpMetrics] = dataclasses.field(default_factory=list)
+    verdicts: list[Verdict] = dataclasses.field(default_factory=list)
+    dead: list[DeadLetter] = dataclasses.field(default_factory=list)
+
+    def extend(self, other: Output) -> None:
+        self.op_metrics += other.op_metrics
+        self.metrics += other.metrics
+        self.verdicts += other.verdicts
+        self.dead += other.dead
+
+
+@dataclasses.dataclass
+class Message:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    partition: int | None = None
+    offset: int | None = None
+    timestamp: int | None = None
+
+
+class SegmentState:
+    """The segment agent's state on one worker: per-node segmenters."""
+
+    def __init__(self, topics: Topics, params: Any = None) -> None:
+        node_segmenter, segment_params = _segmentation()
+        self._make = node_segmenter
+        self.params = params if params is not None else segment_params()
+        self.topics = topics
+        self.nodes: dict[str, Any] = {}
+        self._comms: dict[tuple[str, str, int], _events.CommEvent] = {}
+        self._jobs: dict[str, str] = {}
+        self.batches = 0
+        self.rows = 0
+        self.events = 0
+        self.emitted = 0
+        self.dead = 0
+
+    def segmenter(self, node: str) -> Any:
+        seg = self.nodes.get(node)
+        if seg is None:
+            seg = self.nodes[node] = self._make(node, self.params)
+            if self._comms:
+                seg.add_events(list(self._comms.values()))
+        return seg
+
+    def handle(self, messages: Iterable[Message]) -> Output:
+        """Decode a chunk; hook events first (grouped per node: one re-association per node
+        and chunk instead of one per event; descriptors precede their traffic anyway), then
+        the batches in arrival order."""
+        out = Output()
+        hooks: dict[str, list[_events.HookEvent]] = {}
+        batches: list[_samples.EpochBatch] = []
+        for m in messages:
+            where = f"{m.topic}[{m.partition}]@{m.offset}"
+            try:
+                if m.topic == self.topics.samples:
+                    batches.append(_samples.decode(m.value or b"", where=where))
+                elif m.topic == self.topics.hook_events:
+                    ev = _events.decode(m.value or b"", where=where)
+                    hooks.setdefault(ev.node, []).append(ev)
+                else:
+                    raise DecodeError(f"message from unexpected topic {m.topic!r}")
+            except PulseError as exc:
+                self.dead += 1
+                out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "segment"))
+        for node, evs in hooks.items():
+            self.events += len(evs)
+            comms = [e for e in evs if isinstance(e, _events.CommEvent)]
+            for c in comms:
+                self._emit(self._hook(c, forward=True, out=out), out)
+            rest = [e for e in evs if not isinstance(e, _events.CommEvent)]
+            for e in rest:
+                self._job_of(e.node, e.job)
+                if isinstance(e, _events.FlowEvent):
+                    out.op_metrics.append((e.job.encode(), _events.encode(e)))
+            if rest:
+                self._emit(self.segmenter(node).add_events(rest), out)
+        for batch in batches:
+            self.batches += 1
+            self.rows += batch.n_rows
+            self._job_of(batch.node, batch.job)
+            try:
+                self._emit(self.segmenter(batch.node).update(batch), out)
+            except PulseError as exc:
+                self.dead += 1
+                out.dead.append(DeadLetter(self.topics.samples, None, None, batch.node.encode(), None,
+                                           str(exc), "segment"))
+        return out
+
+    def finish(self) -> Output:
+        out = Output()
+        for seg in self.nodes.values():
+            self._emit(seg.finish(), out)
+        return out
+
+    def _job_of(self, node: str, job: str) -> None:
+        if job:
+            self._jobs[node] = job
+
+    def _hook(self, ev: _events.HookEvent, *, forward: bool, out: Output | None = None) -> list[OpMetrics]:
+        self._job_of(ev.node, ev.job)
+        if isinstance(ev, _events.CommEvent):
+            key = (ev.comm_id, ev.node, ev.rank)
+            if key in self._comms and not forward:
+                return []
+            self._comms[key] = ev
+            metrics: list[OpMetrics] = []
+            for node in list(self.nodes):
+                metrics += self.nodes[node].add_events([ev])
+            if ev.node not in self.nodes:
+                self.segmenter(ev.node)
+        else:
+            metrics = self.segmenter(ev.node).add_events([ev])
+        if forward and out is not None and not isinstance(ev, _events.OpEvent):
+            out.op_metrics.append((ev.job.encode(), _events.encode(ev)))
+        return metrics
+
+    def _emit(self, metrics: list[OpMetrics], out: Output) -> None:
+        for m in metrics:
+            out.op_metrics.append((m.job.encode(), m.to_json()))
+            out.metrics.append(m)
+        self.emitted += len(metrics)
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        per_node = {}
+        for node, seg in self.nodes.items():
+            st = getattr(seg, "stats", None)
+            per_node[node] = st.as_dict() if hasattr(st, "as_dict") else {}
+        lost = sum(int(s.get("lost_batches", 0) or 0) for s in per_node.values())
+        late = sum(int(s.get("late_batches", 0) or 0) for s in per_node.values())
+        return {"batches": self.batches, "rows": self.rows, "events": self.events, "op_metrics": self.emitted,
+                "dead_letters": self.dead, "lost_batches": lost, "late_batches": late, "nodes": len(self.nodes)}
+
+
+class _Aligner:
+    """Re-aligns one job's operator metrics in time before localization.
+
+    Ranks of one operator come from different nodes, hence different partitions, which a
+    worker consumes at different paces (a backlog on one partition, a slow fetch). The
+    localizer's judgement depends on the order it sees operators in (it closes an operator
+    once later ones show up and keeps per-process history), so it must see them as a live
+    job produces them: in time order. An operator's records wait here until it has all its
+    ``nranks`` ranks and every node still reporting has gone past the operator's end (a
+    per-node watermark in trace time). Bounds, both in trace time so a processing backlog
+    changes nothing: a node more than ``hold_ns`` behind the most advanced one no longer
+    holds the watermark (it may have stopped), and an operator that ended ``hold_ns``
+    before the most advanced node's latest operator goes out as it is. When no record
+    arrived for ``idle_s`` of wall time (the job paused or ended), everything goes out.
+    Released operators go out in end-time order, in seq order per communicator.
+    """
+
+    def __init__(self, hold_ns: int, idle_s: float) -> None:
+        self.hold_ns = hold_ns
+        self.idle_s = idle_s
+        self.pending: dict[str, dict[int, dict[int, OpMetrics]]] = {}
+        self.known: dict[str, set[int]] = {}
+        self.calibrated: set[str] = set()
+        self.node_end: dict[str, int] = {}
+        self.last_add = 0.0
+
+    def add(self, m: OpMetrics, now: float) -> None:
+        self.pending.setdefault(m.comm_id, {}).setdefault(m.seq, {})[m.rank] = m
+        self.known.setdefault(m.comm_id, set()).add(m.rank)
+        self.node_end[m.node] = max(self.node_end.get(m.node, m.end_ns), m.end_ns)
+        self.last_add = now
+
+    def _complete(self, comm: str, recs: dict[int, OpMetrics]) -> bool:
+        # Not "the ranks seen so far": under skew those are one node's, and an operator
+        # released without its late ranks would have them dropped as too late.
+        return len(recs) >= next(iter(recs.values())).nranks
+
+    def ready(self, now: float) -> list[OpMetrics]:
+        if not self.node_end:
+            return []
+        idle = now - self.last_add >= self.idle_s
+        top = max(self.node_end.values())
+        wm = min(end for end in self.node_end.values() if end >= top - self.hold_ns)
+        chosen: list[tuple[int, str, int]] = []
+        for comm, ops in self.pending.items():
+            for seq in sorted(ops):
+                recs = ops[seq]
+                end = max(r.end_ns for r in recs.values())
+                if not (idle or top - end >= self.hold_ns or (end <= wm and self._complete(comm, recs))):
+                    break
+                chosen.append((end, comm, seq))
+        out: list[OpMetrics] = []
+        for _, comm, seq in sorted(chosen):
+            recs = self.pending[comm].pop(seq)
+            self.calibrated.add(comm)
+            out += [recs[r] for r in sorted(recs)]
+        return out
+
+    @property
+    def held(self) -> int:
+        return sum(len(r) for ops in self.pending.values() for r in ops.values())
+
+
+class LocalizeState:
+    """The localize agent's state on one worker: one aligner and one localizer per job."""
+
+    def __init__(self, params: Any = None, *, hold_ns: int = 1_000_000_000, idle_s: float = 0.5) -> None:
+        localizer, localize_params = _localization()
+        self._make = localizer
+        self.params = params if params is not None else localize_params()
+        self.hold_ns = hold_ns
+        self.idle_s = idle_s
+        self.jobs: dict[str, Any] = {}
+        self.aligners: dict[str, _Aligner] = {}
+        self.metrics = 0
+        self.verdicts = 0
+        self.dead = 0
+
+    def localizer(self, job: str) -> Any:
+        loc = self.jobs.get(job)
+        if loc is None:
+            loc = self.jobs[job] = self._make(self.params, job=job or None)
+            self.aligners[job] = _Aligner(self.hold_ns, self.idle_s)
+        return loc
+
+    def handle(self, messages: Iterable[Message], now: float | None = None) -> Output:
+        """Take op-metrics records (and forwarded comm/flow events); returns verdicts of the
+        operators that could be released."""
+        now = time.monotonic() if now is None else now
+        out = Output()
+        for m in messages:
+            try:
+                data = orjson.loads(m.value or b"")
+                if not isinstance(data, dict):
+                    raise DecodeError("expected a JSON object")
+                if data.get("type") == "op-metrics":
+                    rec = decode_op_metrics(m.value or b"", where=f"{m.topic}[{m.partition}]@{m.offset}")
+                    self.localizer(rec.job)
+                    self.aligners[rec.job].add(rec, now)
+                    self.metrics += 1
+                else:
+                    ev = _events.from_dict(data, where=f"{m.topic}[{m.partition}]@{m.offset}")
+                    self.localizer(ev.job).add_events([ev])
+            except (PulseError, orjson.JSONDecodeError) as exc:
+                self.dead += 1
+                out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "localize"))
+        out.extend(self.tick(now))
+        return out
+
+    def tick(self, now: float | None = None) -> Output:
+        """Release what the aligners hold long enough (call it periodically)."""
+        now = time.monotonic() if now is None else now
+        out = Output()
+        for job, al in self.aligners.items():
+            recs = al.ready(now)
+            if recs:
+                vs = self.jobs[job].update(recs)
+                out.verdicts += vs
+                self.verdicts += len(vs)
+        return out
+
+    def finish(self) -> Output:
+        out = self.tick(float("inf"))
+        for loc in self.jobs.values():
+            vs = loc.finish()
+            out.verdicts += vs
+            self.verdicts += len(vs)
+        return out
+
+    @property
+    def held(self) -> int:
+        return sum(a.held for a in self.aligners.values())

@@ -1,0 +1,90 @@
+"""The agents' state without Kafka: dead letters, and the localize agent's time alignment."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+from pulse.streams.state import LocalizeState, Message, SegmentState, _Aligner
+
+from pulse.records import OpMetrics
+from pulse.settings import Topics
+
+T = Topics.with_prefix("st")
+
+
+def _m(comm: str, seq: int, rank: int, end: int, nranks: int = 3) -> OpMetrics:
+    return OpMetrics(job="j", node=f"node-{rank:02d}", comm_id=comm, seq=seq, rank=rank, kind="AllReduce",
+                     nranks=nranks, start_ns=end - 1000, end_ns=end, duration_ns=1000, act_ns=800, volume_bytes=10,
+                     expected_bytes=10, complete=True, active_rate=1.0, flows=1, epoch_ns=32_000)
+
+
+def test_bad_messages_become_dead_letters_and_the_rest_goes_on():
+    seg = SegmentState(T)
+    good = orjson.dumps({"type": "flow", "v": 1, "job": "j", "node": "node-00", "nic": "mlx5_0", "flow": 7})
+    out = seg.handle([Message(T.samples, b"node-00", b"not a batch", 0, 5),
+                      Message(T.hook_events, b"node-00", b"{broken", 0, 6),
+                      Message(T.hook_events, b"node-00", good, 0, 7)])
+    assert [(d.topic, d.offset) for d in out.dead] == [(T.samples, 5), (T.hook_events, 6)]
+    assert all(d.error for d in out.dead)
+    rec = orjson.loads(out.dead[0].to_json())
+    assert rec["stage"] == "segment" and rec["value_bytes"] == len(b"not a batch")
+    assert seg.events == 1 and len(out.op_metrics) == 1  # the flow event is forwarded to its job
+    loc = LocalizeState()
+    out2 = loc.handle([Message(T.op_metrics, b"j", b"[1, 2]", 1, 0)])
+    assert len(out2.dead) == 1 and out2.dead[0].stage == "localize"
+
+
+def _ops(n_ops: int, rng: random.Random) -> list[OpMetrics]:
+    # Two communicators of 3 ranks; each rank's operators end in increasing time.
+    out = []
+    for seq in range(n_ops):
+        for comm in ("a", "b"):
+            base = seq * 1_000_000 + (0 if comm == "a" else 500_000)
+            out += [_m(comm, seq, r, base + rng.randrange(0, 50_000)) for r in range(3)]
+    return out
+
+
+@given(st.integers(1, 12), st.integers(1, 40), st.randoms(use_true_random=False))
+def test_skewed_arrival_releases_like_in_order_arrival(n_ops, burst, rnd):
+    recs = _ops(n_ops, random.Random(n_ops))
+    by_node: dict[str, list[OpMetrics]] = {}
+    for m in sorted(recs, key=lambda m: m.end_ns):
+        by_node.setdefault(m.node, []).append(m)
+    skewed = []
+    queues = {k: list(v) for k, v in by_node.items()}
+    while any(queues.values()):  # bursts of one node at a time, like a lagging partition
+        k = rnd.choice([k for k, q in queues.items() if q])
+        skewed += queues[k][:burst]
+        del queues[k][:burst]
+
+    def released(order: list[OpMetrics]) -> list[tuple[str, int, int]]:
+        al = _Aligner(hold_ns=10**12, idle_s=10.0)
+        out = []
+        for m in order:
+            al.add(m, now=0.0)
+            out += al.ready(0.0)
+        out += al.ready(100.0)  # idle: the rest goes out
+        return [(m.comm_id, m.seq, m.rank) for m in out]
+
+    in_order = released(sorted(recs, key=lambda m: m.end_ns))
+    got = released(skewed)
+    assert sorted(got) == sorted(in_order)  # nothing lost or duplicated
+    # Operators go out whole, and in seq order per communicator.
+    for comm in ("a", "b"):
+        seqs = [s for c, s, _ in got if c == comm]
+        assert seqs == sorted(seqs)
+    ops = [(c, s) for c, s, _ in got]
+    for i in range(0, len(ops), 3):
+        assert len(set(ops[i:i + 3])) == 1
+
+
+def test_a_rank_that_never_reports_is_released_after_the_hold():
+    al = _Aligner(hold_ns=1_000_000, idle_s=10.0)
+    for r in (0, 1):  # rank 2 stopped
+        al.add(_m("a", 0, r, 1_000), now=0.0)
+    assert al.ready(0.0) == []
+    al.add(_m("a", 5, 0, 5_000_000), now=0.1)  # the job moved on by more than the hold
+    assert [(m.seq, m.rank) for m in al.ready(0.1)] == [(0, 0), (0, 1)]
