@@ -68,10 +68,12 @@ if _active():
 
     class _State(threading.local):
         busy = False
+        capture = None  # inside a DDP comm hook: the ops it issues, completed by its future
 
     _tls = _State()
     _lock = threading.Lock()
     _out = {"fd": -1, "pid": -1, "failures": 0, "disabled": False}
+    _fds: dict[str, int] = {}  # record stream -> fd (ops/comms: "torch", completions: "oplevel")
     _groups: dict[int, tuple[object, dict]] = {}
     _node = re.sub(r"[^A-Za-z0-9_.:@+-]", "_", os.environ.get("PULSE_NODE") or socket.gethostname())[:128] or "unknown"
     _job = re.sub(r"[^A-Za-z0-9_.:@+-]", "_", os.environ.get("PULSE_JOB", ""))[:128]
@@ -97,17 +99,27 @@ if _active():
 
     def _forked() -> None:
         _out["fd"], _out["pid"] = -1, -1  # a forked child writes its own file
+        _fds.clear()
 
     os.register_at_fork(after_in_child=_forked)
 
-    def _write(event: dict) -> None:
+    def _write(event: dict, stream: str = "torch") -> None:
         line = (_encode(event) + "\n").encode()
-        if _out["fd"] < 0:
+        fd = _fds.get(stream, -1)
+        if fd < 0:
             pid = os.getpid()
-            path = os.path.join(os.environ["PULSE_HOOK_DIR"], f"torch-{_node}-{pid}.jsonl")
-            _out["fd"] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            _out["pid"] = pid
-        os.write(_out["fd"], line)  # one write per line: O_APPEND keeps lines whole
+            path = os.path.join(os.environ["PULSE_HOOK_DIR"], f"{stream}-{_node}-{pid}.jsonl")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            _fds[stream] = fd
+            if stream == "torch":
+                _out["fd"], _out["pid"] = fd, pid
+        os.write(fd, line)  # one write per line: O_APPEND keeps lines whole
+
+    def _write_end(rec: tuple, end_ns: int) -> None:
+        """An operator-level record (pulse.records.OpLevel): issue and completion on this rank."""
+        comm_id, rank, seq, kind, nranks, start_ns = rec
+        _write({"type": "oplevel", "v": 1, "job": _job, "node": _node, "comm_id": comm_id, "rank": rank,
+                "seq": seq, "kind": kind, "nranks": nranks, "start_ns": start_ns, "end_ns": end_ns}, "oplevel")
 
     def _tensor(t) -> tuple[int, str, int]:
         """(count, dtype, bytes) of one tensor."""
@@ -213,14 +225,15 @@ if _active():
             return [nbytes // n] * n
         return [int(s) * row_bytes for s in splits]
 
-    def _record(name: str, a: dict) -> None:
+    def _record(name: str, a: dict):
+        """Write the op (and comm) event of one call; -> (comm, rank, seq, kind, nranks, t_ns) or None."""
         import torch.distributed as dist
 
         if not dist.is_initialized():
-            return
+            return None
         desc = _describe(dist, name, a)
         if desc is None:
-            return
+            return None
         group, kind, tensor, extra = desc
         with _lock:
             info = _group_info(dist, group)
@@ -278,6 +291,14 @@ if _active():
             ev["t_host_ns"] = time.time_ns()
             ev["source"] = "torch:barrier" if extra.get("barrier") else "torch"
             _write(ev)
+            return (info["comm_id"], me, seq, ev["kind"], info["nranks"], ev["t_host_ns"])
+
+    _ASYNC = ("isend", "irecv", "batch_isend_irecv")
+
+    def _failed() -> None:
+        _out["failures"] += 1
+        if _out["failures"] >= _MAX_FAILURES:
+            _out["disabled"] = True
 
     def _wrap(name: str, fn):
         import inspect
@@ -299,16 +320,24 @@ if _active():
                 return fn(*args, **kwargs)
             _tls.busy = True
             try:
+                rec = None
                 try:
                     bound = dict(defaults)
                     bound.update(zip(names, args, strict=False))  # extra positionals: torch raises
                     bound.update(kwargs)
-                    _record(name, bound)
+                    rec = _record(name, bound)
                 except Exception:
-                    _out["failures"] += 1
-                    if _out["failures"] >= _MAX_FAILURES:
-                        _out["disabled"] = True
-                return fn(*args, **kwargs)
+                    _failed()
+                result = fn(*args, **kwargs)
+                if rec is not None:
+                    try:
+                        if _tls.capture is not None:
+                            _tls.capture.append(rec)  # a DDP comm hook's op: its future completes it
+                        elif name not in _ASYNC and not bound.get("async_op"):
+                            _write_end(rec, time.time_ns())  # a blocking call returned: it completed here
+                    except Exception:
+                        _failed()
+                return result
             finally:
                 _tls.busy = False
 
@@ -331,11 +360,103 @@ if _active():
                 if mod is not None and getattr(mod, name, None) is orig:
                     setattr(mod, name, wrapped)
 
+    # -- DDP: the C++ reducer issues gradient AllReduces that no Python entry point sees --
+    def _hook_done(ops: list, fut) -> None:
+        try:
+            end = time.time_ns()
+            fut.value()  # raises if the collective failed: then it did not complete
+            for rec in ops:
+                _write_end(rec, end)
+        except Exception:
+            pass
+
+    def _timed(hook):
+        """Wrap a DDP comm hook: the collectives it issues go through the wrapped entry points
+        (op events); its future's completion is their end (oplevel records)."""
+        if getattr(hook, "__pulse_timed__", False):
+            return hook
+
+        @functools.wraps(hook)  # keeps __qualname__ (DDP logs it) and the signature DDP checks
+        def timed(state, bucket):
+            if _out["disabled"] or _tls.capture is not None:
+                return hook(state, bucket)
+            _tls.capture = ops = []
+            try:
+                fut = hook(state, bucket)
+            finally:
+                _tls.capture = None
+            if ops:
+                try:
+                    fut.then(functools.partial(_hook_done, ops))
+                except Exception:
+                    _failed()
+            return fut
+
+        timed.__pulse_timed__ = True  # type: ignore[attr-defined]
+        return timed
+
+    def _patch_ddp(mod) -> None:
+        ddp_cls = getattr(mod, "DistributedDataParallel", None)
+        if ddp_cls is None or getattr(ddp_cls, "__pulse_patched__", False):
+            return
+        register = ddp_cls.register_comm_hook
+        register_builtin = getattr(ddp_cls, "_register_builtin_comm_hook", None)
+        forward = ddp_cls.forward
+
+        @functools.wraps(register)
+        def register_comm_hook(self, state, hook):
+            try:
+                wrapped = _timed(hook)
+            except Exception:
+                wrapped = hook
+            return register(self, state, wrapped)
+
+        def _builtin(self, comm_hook_type):
+            self.__dict__["_pulse_builtin_hook"] = True  # the reducer takes one hook only
+            return register_builtin(self, comm_hook_type)
+
+        def _default_hook(self) -> None:
+            """No hook registered by the job at its first forward: register the equivalent of
+            DDP's default (divide the bucket by the group size, AllReduce-sum it; torch's
+            default_hooks.allreduce_hook), so that its AllReduces become visible."""
+            d = self.__dict__
+            if d.get("_pulse_checked") or not self.require_backward_grad_sync:
+                return  # under no_sync: decide at the first forward that synchronises
+            d["_pulse_checked"] = True
+            if (os.environ.get("PULSE_TORCH_DDP_HOOK", "1") == "0" or d.get("_pulse_builtin_hook")
+                    or getattr(self, "_comm_hooks", None) or getattr(self, "_use_python_reducer", False)
+                    or getattr(self, "mixed_precision", None)
+                    or getattr(self, "_delay_all_reduce_all_params", False) or getattr(self, "reducer", None) is None):
+                return
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            self.register_comm_hook(self.process_group, default_hooks.allreduce_hook)
+
+        @functools.wraps(forward)
+        def ddp_forward(self, *args, **kwargs):
+            if "_pulse_checked" not in self.__dict__:
+                try:
+                    _default_hook(self)
+                except Exception:
+                    self.__dict__["_pulse_checked"] = True
+                    _failed()
+            return forward(self, *args, **kwargs)
+
+        ddp_cls.register_comm_hook = register_comm_hook
+        if register_builtin is not None:
+            ddp_cls._register_builtin_comm_hook = _builtin
+        ddp_cls.forward = ddp_forward
+        ddp_cls.__pulse_patched__ = True
+
+    _PATCHES = {"torch.distributed": lambda m: _patch(m), "torch.nn.parallel.distributed": _patch_ddp}
+
     class _Finder(importlib.abc.MetaPathFinder):
-        """Patches torch.distributed right after the job imports it (never imports it itself)."""
+        """Patches torch.distributed (and DDP) right after the job imports them; never imports
+        torch itself."""
 
         def find_spec(self, fullname, path, target=None):
-            if fullname != "torch.distributed":
+            patch = _PATCHES.get(fullname)
+            if patch is None:
                 return None
             for finder in sys.meta_path:
                 if finder is self or not hasattr(finder, "find_spec"):
@@ -352,14 +473,17 @@ if _active():
 
             def exec_module(module):
                 original(module)
+                _done.add(fullname)
+                if _done >= set(_PATCHES):
+                    try:
+                        sys.meta_path.remove(self)
+                    except ValueError:
+                        pass
                 try:
-                    sys.meta_path.remove(self)
-                except ValueError:
-                    pass
-                try:
-                    _patch(module)
+                    patch(module)
                 except Exception:
-                    _out["disabled"] = True
+                    if fullname == "torch.distributed":
+                        _out["disabled"] = True
 
             try:
                 loader.exec_module = exec_module  # this loader instance serves this module only
@@ -367,10 +491,13 @@ if _active():
                 return spec
             return spec
 
-    if "torch.distributed" in sys.modules:  # imported before us (unusual): patch now
-        try:
-            _patch(sys.modules["torch.distributed"])
-        except Exception:
-            pass
-    else:
+    _done: set = set()
+    for _name, _fn in _PATCHES.items():
+        if _name in sys.modules:  # imported before us (unusual): patch now
+            _done.add(_name)
+            try:
+                _fn(sys.modules[_name])
+            except Exception:
+                pass
+    if _done < set(_PATCHES):
         sys.meta_path.insert(0, _Finder())

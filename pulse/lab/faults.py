@@ -1,6 +1,6 @@
 """Faults the lab injects into one node, and how to undo them.
 
-``rate:RANK:RATE``  token-bucket limit on the node's egress (``tc qdisc tbf``)
+``rate:RANK:RATE``  paced token-bucket limit on the node's egress (``tc qdisc tbf`` with a peak rate)
 ``loss:RANK:PCT``   random drop of the node's transmitted frames (nftables ``numgen random``
                     in a netdev ingress chain on the node's bridge port)
 ``cpu:RANK:QUOTA``  CPU quota of the rank's process (cgroup v1 ``cpu.cfs_quota_us`` as a
@@ -78,11 +78,19 @@ class FaultInjector:
         if f.kind == "rate":
             rate_kbit = int(f.value / 1e3)
             # burst must cover at least one timer tick at this rate.
-            burst = max(32_000, int(f.value / 8 / 250))
+            # A peak rate 10 % above the rate with a one-frame peak bucket paces frames out
+            # one by one, like a slower link. Without it, on a loaded host the shaper's
+            # deferred wake-ups release the whole bucket at veth speed every few ms: a link
+            # that flaps at full speed rather than one that is slow.
+            # The peak bucket holds ~50 us of traffic (at least one frame): the shaper wakes
+            # up at most every 50 us, which a 2-core host can afford at any rate.
+            peak = f.value * 1.1
+            mtu = max(1600, int(peak / 8 * 50e-6))
             run([*self.net.exec_prefix(node), "tc", "qdisc", "add", "dev", "eth0", "root", "tbf",
-                 "rate", f"{rate_kbit}kbit", "burst", str(burst), "latency", "100ms"])
+                 "rate", f"{rate_kbit}kbit", "burst", str(max(16000, 2 * mtu)), "latency", "100ms",
+                 "peakrate", f"{int(peak / 1e3)}kbit", "mtu", str(mtu)])
         elif f.kind == "loss":
-            threshold = int(round(f.value * 100))  # out of 10000
+            threshold = round(f.value * 100)  # out of 10000
             port = f"veth{node.index}"
             rules = (
                 "table netdev pulselab {\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -12,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from pulse.errors import ServiceError
+from pulse.errors import ConfigError, ServiceError
 from pulse.lab.faults import Fault, FaultInjector
 from pulse.lab.netns import LabNetwork, cgroup_root, require_root
 
@@ -32,9 +33,38 @@ class LabRun:
     fault: Fault
     onset_wall_ns: int | None
     step_ms: dict[int, list[float]]
+    step_end_ns: dict[int, list[int]]
+    """rank -> wall clock (ns) at the end of each step, as the job printed it"""
     capture_drops: int | None
     capture_packets: int | None
     master_port: int = MASTER_PORT
+    fault_after: int = 0
+    """steps run before the fault was injected"""
+
+    def save(self) -> Path:
+        """Write run.json into the work directory (what `pulse lab analyze` reads)."""
+        d = dataclasses.asdict(self)
+        d["fault"] = dataclasses.asdict(self.fault)
+        p = self.workdir / "run.json"
+        p.write_text(json.dumps(d, default=str, indent=1))
+        return p
+
+    @classmethod
+    def load(cls, workdir: Path) -> LabRun:
+        p = Path(workdir) / "run.json"
+        try:
+            d = json.loads(p.read_text())
+            return cls(workdir=Path(workdir), pcap=Path(d["pcap"]), hook_dir=Path(d["hook_dir"]), nodes=d["nodes"],
+                       ranks={int(k): v for k, v in d["ranks"].items()}, fault=Fault(**d["fault"]),
+                       onset_wall_ns=d["onset_wall_ns"],
+                       step_ms={int(k): v for k, v in d["step_ms"].items()},
+                       step_end_ns={int(k): v for k, v in d["step_end_ns"].items()},
+                       capture_drops=d["capture_drops"], capture_packets=d["capture_packets"],
+                       master_port=d["master_port"], fault_after=int(d.get("fault_after", 0)))
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: no run.json (not a directory kept by `pulse lab run --keep`)") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{p}: not a lab run record ({exc})") from None
 
 
 def _injection_dir() -> Path:
@@ -73,7 +103,7 @@ class _Cgroups:
 
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
             log: callable = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
-            width: int = 768) -> LabRun:
+            width: int = 768, nice: int = 10) -> LabRun:
     require_root()
     workdir.mkdir(parents=True, exist_ok=True)
     hook_dir = workdir / "hooks"
@@ -84,6 +114,7 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
     tcpdump: subprocess.Popen[str] | None = None
     cgroups = _Cgroups(ranks, tag)
     step_ms: dict[int, list[float]] = {r: [] for r in range(ranks)}
+    step_end: dict[int, list[int]] = {r: [] for r in range(ranks)}
     onset: list[int] = []
     old_term = signal.getsignal(signal.SIGTERM)
 
@@ -119,7 +150,10 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
             cg = cgroups.paths.get(r)
             # Join the cgroup first: `ip netns exec` remounts /sys inside the namespace.
             join = f"echo $$ > {cg}/tasks; " if cg else ""
-            cmd = ["sh", "-c", f"{join}exec ip netns exec {node.netns} {sys.executable} -u {script}"]
+            # The ranks run niced: on a busy host the kernel's softirq work (veth delivery,
+            # the shaper's timers) must not queue behind them, or a token-bucket limit
+            # comes out as line-rate bursts every few ms instead of a slower link.
+            cmd = ["sh", "-c", f"{join}exec nice -n {nice} ip netns exec {node.netns} {sys.executable} -u {script}"]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True))
         errors: dict[int, list[str]] = {r: [] for r in range(ranks)}
@@ -133,6 +167,7 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                     continue
                 step = int(m.group(1))
                 step_ms[r].append(float(m.group(2)))
+                step_end[r].append(int(m.group(3)))
                 if r == 0:
                     log(f"  step {step:3d}  {float(m.group(2)):8.1f} ms")
                     if step + 1 == fault_after and fault.kind != "none" and not onset:
@@ -176,8 +211,8 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
     return LabRun(workdir=workdir, pcap=pcap, hook_dir=hook_dir,
                   nodes={n.name: n.address for n in net.nodes},
                   ranks={n.index: n.name for n in net.nodes}, fault=fault,
-                  onset_wall_ns=onset[0] if onset else None, step_ms=step_ms,
-                  capture_drops=drops, capture_packets=packets)
+                  onset_wall_ns=onset[0] if onset else None, step_ms=step_ms, step_end_ns=step_end,
+                  capture_drops=drops, capture_packets=packets, fault_after=fault_after)
 
 
 def _wait_listening(proc: subprocess.Popen[str]) -> None:

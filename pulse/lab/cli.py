@@ -1,0 +1,124 @@
+"""``pulse lab``: a real torch.distributed job in network namespaces, a fault, Pulse's verdict."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pulse.errors import ConfigError
+
+
+def _echo(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _verdict_text(part: dict[str, Any]) -> str:
+    if not part["anomalies"]:
+        return part["status"] if part["status"] != "anomaly" else "no anomaly"
+    return "; ".join(f"{a['kind']} {','.join(a['nodes'])} (x{a['count']})" for a in part["anomalies"])
+
+
+def print_table(results: list[dict[str, Any]]) -> None:
+    """Verdict next to the truth, one row per run, on stderr."""
+    rows = [("fault", "truth", "pulse", "ok", "baseline", "ok", "steps ms (healthy/faulty)")]
+    for r in results:
+        t = r["truth"]
+        truth = "no alarm" if t["kind"] is None else f"{t['family']} {','.join(t['nodes'])}"
+        st = r["step_ms"]
+        rows.append((r["fault"], truth, _verdict_text(r["pulse"]), "yes" if r["pulse"]["correct"] else "NO",
+                     _verdict_text(r["baseline"]), "yes" if r["baseline"]["correct"] else "no",
+                     f"{st['healthy_median']}/{st['faulty_median'] if st['faulty_median'] is not None else '-'}"))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        _echo("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def lab() -> None:
+    """Real torch.distributed (DDP over Gloo) traffic in network namespaces, with one injected
+    fault, localized by Pulse from the capture and the torch injection's hook events."""
+
+
+@lab.command("run")
+@click.option("--ranks", default=4, show_default=True, type=click.IntRange(2, 16), help="Ranks = nodes (namespaces).")
+@click.option("--fault", default="none", show_default=True,
+              help="none | rate:RANK:RATE (e.g. 200mbit) | loss:RANK:PCT | cpu:RANK:QUOTA (fraction of one CPU).")
+@click.option("--steps", default=16, show_default=True, type=click.IntRange(4, 1000), help="Training steps.")
+@click.option("--fault-after", default=6, show_default=True, type=click.IntRange(1, 1000),
+              help="Healthy steps before the fault is injected.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100),
+              help="Steps left out of the analysis (DDP set-up collectives no hook sees).")
+@click.option("--epoch-us", default=32, show_default=True, type=click.IntRange(1, 100_000),
+              help="Epoch length for the capture's per-flow bytes.")
+@click.option("--width", default=768, show_default=True, type=click.IntRange(16, 8192),
+              help="Hidden width of the DDP job's MLP (sets the gradient bytes per step).")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the capture, hook files, trace directory and run.json here.")
+@click.option("--timeout", default=600, show_default=True, type=click.IntRange(10, 7200),
+              help="Seconds the job may run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
+def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: int, epoch_us: int, width: int,
+                keep: Path | None, timeout: int, as_json: bool) -> None:
+    """Create the namespaces, run the job, inject the fault, tear everything down, then run
+    Pulse (segmentation + localization) and the operator-level baseline on what was seen.
+    Needs root."""
+    from pulse.lab.analysis import analyze_run
+    from pulse.lab.faults import parse_fault
+    from pulse.lab.netns import require_root
+    from pulse.lab.runner import run_lab
+
+    f = parse_fault(fault, ranks)
+    if f.kind != "none" and fault_after >= steps:
+        raise ConfigError(f"--fault-after {fault_after} must be below --steps {steps}")
+    if warmup >= min(steps, fault_after if f.kind != "none" else steps):
+        raise ConfigError(f"--warmup {warmup} leaves no healthy steps to analyse")
+    require_root()
+    workdir = keep if keep is not None else Path(tempfile.mkdtemp(prefix="pulse-lab-"))
+    if keep is not None and keep.exists() and any(keep.iterdir()):
+        raise ConfigError(f"--keep {keep}: directory exists and is not empty")
+    try:
+        log = (lambda m: None) if as_json else _echo
+        log(f"lab: {ranks} ranks, fault {f.text}, {steps} steps (fault after {fault_after})")
+        r = run_lab(ranks=ranks, fault=f, steps=steps, fault_after=fault_after, workdir=workdir, log=log,
+                    timeout_s=float(timeout), width=width)
+        r.save()
+        log(f"lab: captured {r.capture_packets} packets ({r.capture_drops} dropped by the kernel); analysing")
+        result = analyze_run(r, workdir / "trace", epoch_ns=epoch_us * 1000, warmup_steps=warmup)
+        if keep is None:
+            result["trace"] = None
+    finally:
+        if keep is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    _report(result, as_json)
+
+
+@lab.command("analyze")
+@click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100))
+@click.option("--epoch-us", default=32, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
+def analyze_command(workdir: Path, warmup: int, epoch_us: int, as_json: bool) -> None:
+    """Analyse again a run kept with `pulse lab run --keep DIR` (no root needed)."""
+    from pulse.lab.analysis import analyze_run
+    from pulse.lab.runner import LabRun
+
+    r = LabRun.load(workdir)
+    out = workdir / f"trace-{epoch_us}us"
+    if out.exists():
+        shutil.rmtree(out)
+    _report(analyze_run(r, out, epoch_ns=epoch_us * 1000, warmup_steps=warmup), as_json)
+
+
+def _report(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+    else:
+        print_table([result])
+        if result.get("trace"):
+            _echo(f"trace directory: {result['trace']}  (pulse diagnose {result['trace']} --baseline)")
