@@ -1,0 +1,169 @@
+"""``pulse diagnose`` and ``pulse eval``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from pulse.records import Verdict
+
+from .params import LocalizeParams
+
+
+def _console() -> Any:
+    from rich.console import Console
+    # wide when not a terminal, so logged tables keep their columns
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+
+def _fmt_ns(ns: int | float | None) -> str:
+    if ns is None:
+        return "-"
+    return f"{ns / 1e6:.1f} ms"
+
+
+def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
+    from rich.table import Table
+
+    anomalies = [v for v in verdicts if v.status == "anomaly"]
+    others = [v for v in verdicts if v.status in ("insufficient-data",)]
+    if not anomalies:
+        console.print(f"[bold green]{title}: no anomaly[/] ({len(verdicts)} verdicts)")
+    seen: set[tuple[Any, ...]] = set()
+    for v in anomalies:
+        key = (v.kind, tuple(v.nodes))
+        if key in seen:
+            continue
+        seen.add(key)
+        console.print(f"[bold red]{title}: {v.kind}[/] at {v.level} level: [bold]{', '.join(v.nodes)}[/]"
+                      f"  nics={','.join(v.nics) or '-'} ranks={v.ranks} confidence={v.confidence:.2f}"
+                      f"  first seen {_fmt_ns(v.first_seen_ns)} (trace clock)")
+        ev = v.evidence if isinstance(v.evidence, dict) else {}
+        rows = ev.get("findings") or []
+        if rows:
+            t = Table(title="evidence (culprit vs peers' median)", show_lines=False)
+            for col in ("comm", "seq", "rank", "node", "metric", "value", "peers median"):
+                t.add_column(col)
+            for r in rows:
+                t.add_row(str(r.get("comm_id")), str(r.get("seq")), str(r.get("rank")), str(r.get("node")),
+                          str(r.get("metric")), str(r.get("value")), str(r.get("peers_median")))
+            console.print(t)
+        else:
+            console.print(f"  evidence: {orjson.dumps(ev, default=str).decode()[:400]}")
+    for v in others:
+        console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {v.evidence}")
+
+
+@click.command("diagnose")
+@click.argument("trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON lines on stdout.")
+@click.option("--baseline", is_flag=True, help="Also run the operator-level baseline (oplevel.jsonl).")
+def diagnose(trace_dir: Path, as_json: bool, baseline: bool) -> None:
+    """Segment and localize the trace directory TRACE_DIR in one process (no broker)."""
+    from .diagnose import diagnose as run
+
+    res = run(trace_dir, LocalizeParams(), baseline=baseline)
+    if as_json:
+        out = sys.stdout.buffer
+        for v in res.verdicts + (res.baseline or []):
+            out.write(v.to_json() + b"\n")
+        out.flush()
+        return
+    console = _console()
+    console.print(f"{trace_dir}: job {res.job or '-'}, {len(res.metrics)} operator records, {res.n_events} hook events")
+    _print_verdicts(console, "pulse", res.verdicts)
+    if res.baseline is not None:
+        _print_verdicts(console, "baseline", res.baseline)
+
+
+def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from .evaluate import METHODS, per_scenario
+
+    t = Table(title="Pulse vs operator-level baseline (runs: node-level / group-level / misdiagnosed / missed)")
+    t.add_column("scenario")
+    t.add_column("runs", justify="right")
+    for m in METHODS:
+        for col in ("node", "group", "misdiag", "missed"):
+            t.add_column(f"{m} {col}", justify="right")
+    for name, row in per_scenario(scores).items():
+        runs = row["pulse"].get("runs", 0)
+        if "healthy" in name:
+            cells = []
+            for m in METHODS:
+                fa = row[m].get("false-alarm", 0)
+                cells += [f"ok {row[m].get('healthy-ok', 0)}", f"FA {fa}", "", ""]
+            t.add_row(name, str(runs), *cells)
+            continue
+        cells = []
+        for m in METHODS:
+            cells += [str(row[m].get(k, 0)) for k in ("node", "group", "misdiagnosed", "missed")]
+        t.add_row(name, str(runs), *cells)
+    console.print(t)
+    s = Table(title="Summary")
+    s.add_column("method")
+    for col in ("precision", "recall", "node-level", "group-level", "misdiagnosed", "missed", "false alarms",
+                "mean onset->verdict"):
+        s.add_column(col, justify="right")
+    for m in METHODS:
+        x = sums[m]
+        s.add_row(m, f"{100 * x.precision:.1f} %", f"{100 * x.recall:.1f} %", f"{x.node}/{x.runs}",
+                  f"{x.group}/{x.runs}", str(x.misdiagnosed), str(x.missed), f"{x.false_alarms}/{x.healthy_runs}",
+                  "-" if x.mean_detect_ms is None else f"{x.mean_detect_ms:.1f} ms")
+    console.print(s)
+
+
+@click.command("eval")
+@click.option("--scenarios", "scenarios", default=None,
+              help="Comma-separated scenario names (default: the whole battery).")
+@click.option("--seeds", default=3, show_default=True, type=int, help="Seeds per anomaly scenario.")
+@click.option("--healthy-seeds", default=10, show_default=True, type=int,
+              help="Seeds of the healthy scenario (at least --seeds).")
+@click.option("--workload", type=click.Choice(["dense", "moe"]), default=None,
+              help="Workload for every scenario (default: each scenario's own).")
+@click.option("--jobs", default=2, show_default=True, type=int, help="Worker processes.")
+@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep (and reuse) the simulated traces in this directory instead of a temp dir.")
+@click.option("--sim-arg", "sim_args", multiple=True, help="Extra argument passed to `pulse sim` (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")
+def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload: str | None, jobs: int,
+                 keep: Path | None, sim_args: tuple[str, ...], as_json: bool) -> None:
+    """Simulate the scenario battery, run Pulse and the baseline on every trace, score both."""
+    from .evaluate import evaluate, per_scenario, plan, summaries
+
+    names = [s.strip() for s in scenarios.split(",") if s.strip()] if scenarios else None
+    runs = plan(names, seeds, workload, healthy_seeds, tuple(sim_args))
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+    console = _console()
+    show = not as_json and sys.stderr.isatty()
+    params = LocalizeParams()
+    if show:
+        from rich.progress import Progress
+
+        with Progress(console=console) as prog:
+            task = prog.add_task("simulate + diagnose", total=len(runs))
+
+            def tick(run: Any, s: Any) -> None:
+                prog.advance(task)
+            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick)
+    else:
+        def note(run: Any, s: Any) -> None:
+            if not as_json:
+                console.print(f"{run.scenario} seed {run.seed} sev {run.severity}: "
+                              + ", ".join(f"{x.method}={x.outcome}" for x in s))
+        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note)
+    order = {n: i for i, n in enumerate(dict.fromkeys(r.scenario for r in runs))}
+    scores.sort(key=lambda s: (order.get(s.scenario.split(" ")[0], 99), s.scenario, s.seed or 0, s.method))
+    sums = summaries(scores)
+    if as_json:
+        obj = {"runs": [s.to_dict() for s in scores], "per_scenario": per_scenario(scores),
+               "summary": {m: x.to_dict() for m, x in sums.items()}}
+        sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
+        return
+    _table(console, scores, sums)

@@ -1,0 +1,495 @@
+"""The streaming localizer: operator metrics in, verdicts out, one instance per job.
+
+Per closed operator, :func:`rules.judge` yields observations (slow/clean links, late
+arrivals, point-to-point waits, stalls, absences). The localizer keeps them over a window
+and, after every operator, explains what persists:
+
+* **stops** - a member that never started an operator its peers are stuck in (and is not
+  itself stuck in an incomplete operator) is compute-stop; otherwise the node on the most
+  stalled links (the one that could not send or receive) is network-stop.
+* **slow links** - one node on every persistently slow link is the culprit. Slow in both
+  directions, or only into it, is its NIC / PCIe / downlink: network-slow. Only out of it,
+  on several of its NICs, while traffic into the same NICs runs normally, is its host not
+  posting sends fast enough: host-contention (a NIC or link fault slows both directions;
+  a starved proxy thread slows what the node itself sends). Slow links only between two
+  nodes that each still talk cleanly to third nodes are a path (group). Otherwise the
+  smallest set of nodes covering the slow links is the group (e.g. one leaf switch).
+* **late arrivals** - a node persistently last into collectives whose traffic is normal,
+  that does not itself wait for anyone on point-to-point sends, is compute-slow (a node
+  that waits on its pipeline peer is late because of that peer).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from pulse.events import P2P, HookEvent, OpEvent
+from pulse.records import OpMetrics, Verdict
+
+from .params import LocalizeParams
+from .robust import RollingRef
+from .rules import ABSENT, LATE, MISSING, STALL, Finding, LinkObs, OpView, judge
+from .topology import Topology
+
+Key = tuple[str, tuple[str, ...]]
+
+
+@dataclasses.dataclass
+class _Incident:
+    kind: str
+    level: str
+    nodes: tuple[str, ...]
+    findings: list[Finding]
+    confidence: float
+    extra: dict[str, Any]
+    ranks: list[int] = dataclasses.field(default_factory=list)
+    nics: list[str] = dataclasses.field(default_factory=list)
+    first_seen_ns: int = 0
+    judged_since: int = 0
+    clean_run: int = 0
+
+
+def _node(endpoint: str) -> str:
+    return endpoint.split("/", 1)[0]
+
+
+class Localizer:
+    """Compares the ranks of each operator and, over a window of operators, names the
+    culprit node (or group) and the kind of fault.
+
+    Feed hook events with :meth:`add_events` (membership: rank -> node, nranks; flow
+    bindings: NICs and send peers), operator metrics with :meth:`update`, optionally the
+    end of each node's data with :meth:`observe_data_end` (lets a batch run tell a stalled
+    operator from one cut off by the end of the input), and call :meth:`finish` at the end.
+    """
+
+    def __init__(self, params: LocalizeParams | None = None, *, job: str | None = None) -> None:
+        self.p = params or LocalizeParams()
+        self.topo = Topology()
+        self.job = job
+        self._pending: dict[str, dict[int, dict[int, OpMetrics]]] = defaultdict(lambda: defaultdict(dict))
+        self._max_seq: dict[str, int] = {}
+        self._closed_upto: dict[str, int] = {}
+        self._data_end: dict[str, int] = {}
+        self._act_ref: dict[tuple[str, int, int], RollingRef] = defaultdict(lambda: RollingRef(512))
+        w = self.p.window_ops
+        self._links: dict[tuple[str, str], deque[LinkObs]] = defaultdict(lambda: deque(maxlen=w))
+        self._late: dict[tuple[str, str], deque[Finding | None]] = defaultdict(
+            lambda: deque(maxlen=self.p.late_window))
+        self._waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=4 * w))
+        self._all_waits: deque[float] = deque(maxlen=1024)
+        self._last_recv: dict[tuple[str, str], tuple[int, int, int]] = {}
+        self._p2p_done: dict[str, int] = {}
+        self._p2p_seen: dict[str, int] = {}
+        self._stalls: list[Finding] = []
+        self._absent: list[Finding] = []
+        self._missing: Counter[str] = Counter()
+        self._insufficient: set[str] = set()
+        self._incidents: dict[Key, _Incident] = {}
+        self._closed_ops = 0
+        self._since_healthy = 0
+        self._any_alarm = False
+        self._last_end_ns = 0
+
+    # -- input ------------------------------------------------------------------------------
+
+    def add_events(self, events: Iterable[HookEvent]) -> None:
+        for e in events:
+            if self.job is None:
+                self.job = e.job
+            if isinstance(e, OpEvent):
+                if e.kind == "Recv" and e.t_host_ns is not None:
+                    # the receiver's side of a point-to-point operator has no record of
+                    # its own (it sends no data): remember who waits for what
+                    self._last_recv[(e.comm_id, e.node)] = (e.seq, e.rank, e.t_host_ns)
+                continue
+            self.topo.add([e])
+
+    def observe_data_end(self, node: str, end_ns: int) -> None:
+        """The node's data (epoch batches, node clock) is known to extend to ``end_ns``."""
+        if end_ns > self._data_end.get(node, -(1 << 62)):
+            self._data_end[node] = end_ns
+
+    def update(self, metrics: Iterable[OpMetrics]) -> list[Verdict]:
+        touched: set[str] = set()
+        for m in metrics:
+            if self.job is None:
+                self.job = m.job
+            self.topo.learn_rank(m.comm_id, m.rank, m.node, m.nranks, m.nics)
+            if m.seq <= self._closed_upto.get(m.comm_id, -1):
+                continue  # arrived after its operator was judged: too late to matter
+            if m.kind in P2P:
+                self._p2p_seen[m.comm_id] = max(self._p2p_seen.get(m.comm_id, -1), m.seq)
+                if m.complete:
+                    self._p2p_done[m.comm_id] = max(self._p2p_done.get(m.comm_id, -1), m.seq)
+            self._pending[m.comm_id][m.seq][m.rank] = m
+            self._max_seq[m.comm_id] = max(self._max_seq.get(m.comm_id, -1), m.seq)
+            touched.add(m.comm_id)
+        return self._close(touched, final=False)
+
+    def finish(self) -> list[Verdict]:
+        out = self._close(set(self._pending), final=True)
+        if not self._any_alarm and self._closed_ops:
+            out.append(self._healthy())
+        return out
+
+    # -- closing operators ---------------------------------------------------------------------
+
+    def _close(self, comms: set[str], final: bool) -> list[Verdict]:
+        """Judge every operator that is ready, in trace-time order across communicators
+        (so a batch run sees operators in the order a live run would)."""
+        ready: list[tuple[int, str, int, dict[int, OpMetrics]]] = []
+        for comm in sorted(comms):
+            ops = self._pending.get(comm)
+            if not ops:
+                continue
+            members = self.topo.members(comm)
+            nranks = self.topo.nranks.get(comm, len(members))
+            for seq in sorted(ops):
+                recs = ops[seq]
+                full = len(recs) >= max(nranks, len(members))
+                if not (final or full or self._max_seq.get(comm, -1) >= seq + self.p.close_lag):
+                    break
+                del ops[seq]
+                self._closed_upto[comm] = max(self._closed_upto.get(comm, -1), seq)
+                ready.append((min(r.end_ns for r in recs.values()), comm, seq, recs))
+        ready.sort(key=lambda x: (x[0], x[1], x[2]))
+        out: list[Verdict] = []
+        for _, comm, seq, recs in ready:
+            out += self._judge_op(comm, seq, recs)
+        return out
+
+    def _endpoint(self, comm: str, rank: int, node: str, nics: Iterable[str] | None = None) -> str:
+        known = sorted(self.topo.rank_nics.get((comm, rank), ()))
+        if not known and nics:
+            known = sorted(n if "/" in n else f"{node}/{n}" for n in nics)
+        return known[0] if known else f"{node}/{comm}:{rank}"
+
+    def _stalled(self, m: OpMetrics) -> bool:
+        if m.complete:
+            return False
+        end = self._data_end.get(m.node)
+        # Without a known data end the segmenter only reports an operator incomplete
+        # after it stalled; with one, an operator cut off by the end of the input is not.
+        return end is None or end - m.end_ns >= self.p.stall_ns
+
+    def _judge_op(self, comm: str, seq: int, recs: dict[int, OpMetrics]) -> list[Verdict]:
+        ordered = [recs[r] for r in sorted(recs)]
+        members = dict(self.topo.members(comm))
+        for r in ordered:
+            members.setdefault(r.rank, r.node)
+        endpoints = [self._endpoint(comm, r.rank, r.node, r.nics) for r in ordered]
+        peer_eps = []
+        for r in ordered:
+            eps = {self._endpoint(comm, pr, members.get(pr, "?")) for pr in self.topo.peers_of(comm, r.rank)}
+            peer_eps.append(tuple(sorted(e for e in eps if _node(e) not in (r.node, "?"))))
+        view = OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps,
+                      [self._stalled(r) for r in ordered])
+        cls = (ordered[0].kind, ordered[0].expected_bytes, ordered[0].nranks)
+        ref = self._act_ref[cls]
+        act_ref = float(np.percentile(ref.array(), 25)) if len(ref) >= self.p.ref_min else None
+        j = judge(view, self.p, act_ref)
+        if all(r.complete for r in ordered):
+            ref.extend(np.array([r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64))
+        self._closed_ops += 1
+        self._since_healthy += 1
+        self._last_end_ns = max(self._last_end_ns, max(r.end_ns for r in ordered))
+
+        for lk in j.links:
+            self._links[(lk.src, lk.dst)].append(lk)
+        late = {f.rank: f for f in j.findings if f.kind == LATE}
+        if len(ordered) >= self.p.min_ranks and j.judged:
+            for i in j.judged:
+                r = ordered[i]
+                self._late[(r.node, comm)].append(late.get(r.rank))
+        for node, w in j.waits:
+            self._waits[node].append(w)
+            self._all_waits.append(w)
+        for f in j.findings:
+            if f.kind == MISSING:
+                self._missing[f.node] += 1
+            elif f.kind == STALL:
+                self._stalls.append(f)
+            elif f.kind == ABSENT:
+                self._absent.append(f)
+        for i in j.judged:
+            self._missing[ordered[i].node] = 0
+        touched = {_node(e) for e in endpoints}
+        return self._decide(touched)
+
+    # -- explanations ------------------------------------------------------------------------------
+
+    def _waits_on_recv(self) -> tuple[set[str], list[Finding]]:
+        """Nodes stuck in a point-to-point receive (for longer than a stall), and findings
+        for senders that never even issued the send those receivers wait for."""
+        waiting: set[str] = set()
+        absent: list[Finding] = []
+        for (comm, node), (seq, rank, t_host) in self._last_recv.items():
+            end = self._data_end.get(node)
+            if end is None or end - t_host < self.p.stall_ns or seq <= self._p2p_done.get(comm, -1):
+                continue
+            waiting.add(node)
+            if seq > self._p2p_seen.get(comm, -1):
+                for r, n in self.topo.members(comm).items():
+                    if r != rank and n != node:
+                        absent.append(Finding(ABSENT, comm, seq, r, n, n, 0.0, 1.0, "started", t_host, t_host))
+        return waiting, absent
+
+    def _stop_hypotheses(self) -> dict[Key, _Incident]:
+        if not self._stalls and not self._absent:
+            return {}
+        stuck_nodes = {f.node for f in self._stalls}
+        waiting, p2p_absent = self._waits_on_recv()
+        # A node missing from an operator is the stopped one only if it is not itself
+        # stuck in communication (an incomplete send, a receive that never arrives).
+        absent = [f for f in self._absent + p2p_absent
+                  if f.node not in stuck_nodes | waiting and f.node not in self._insufficient]
+        if absent:
+            nodes = Counter(f.node for f in absent)
+            node, n = nodes.most_common(1)[0]
+            if n == sum(nodes.values()) or n > 2 * (sum(nodes.values()) - n):
+                return {("compute-stop", (node,)): self._incident("compute-stop", "node", (node,),
+                                                                  [f for f in absent if f.node == node])}
+        if not any(f.value <= self.p.stop_frac for f in self._stalls):
+            return {}
+        # Each stalled record implicates its node and the peers it could not finish
+        # sending to; the node on the most stalled links is where the traffic stopped.
+        sets = [({f.node} | {_node(e) for e in f.peer_eps}) for f in self._stalls]
+        hits = Counter(n for s in sets for n in s)
+        ranked = hits.most_common()
+        best, nb = ranked[0]
+        second = ranked[1][1] if len(ranked) > 1 else 0
+        if nb > second:
+            own = [f for f in self._stalls if f.node == best] or self._stalls
+            return {("network-stop", (best,)): self._incident("network-stop", "node", (best,), own)}
+        grp = tuple(sorted(n for n, c in ranked if c == nb))
+        return {("network-stop", grp): self._incident("network-stop", "group", grp, self._stalls)}
+
+    def _link_state(self) -> tuple[dict[tuple[str, str], list[Finding]], set[tuple[str, str]]]:
+        """Persistently slow links, and links seen clean since the slowness began (older
+        clean observations say nothing about the fault)."""
+        slow: dict[tuple[str, str], list[Finding]] = {}
+        for key, obs in self._links.items():
+            if _node(key[0]) in self._insufficient or _node(key[1]) in self._insufficient:
+                continue
+            hits = [o.finding for o in obs if o.slow and o.finding is not None]
+            if len(hits) >= self.p.persist_ops and len(hits) >= self.p.persist_frac * len(obs):
+                slow[key] = hits
+        clean: set[tuple[str, str]] = set()
+        if slow:
+            since = min(f.start_ns for fs in slow.values() for f in fs)
+            for key, obs in self._links.items():
+                if key in slow:
+                    continue
+                recent = [o for o in obs if o.end_ns >= since]
+                if len(recent) >= self.p.link_min_obs and sum(o.slow for o in recent) <= 0.25 * len(recent):
+                    clean.add(key)
+        return slow, clean
+
+    def _network_hypotheses(self) -> dict[Key, _Incident]:
+        slow, clean = self._link_state()
+        if not slow:
+            return {}
+        pairs = {(_node(a), _node(b)) for a, b in slow}
+        nodes_in = sorted({n for pair in pairs for n in pair})
+        covers = [x for x in nodes_in if all(x in pair for pair in pairs)]
+        hits = [f for fs in slow.values() for f in fs]
+        clean_pairs = {(_node(a), _node(b)) for a, b in clean}
+
+        senders = {s for s, _ in pairs}
+        if len(senders) == 1 and len(covers) in (1, 2):
+            # Only what x sends is slow. On several of its NICs, while traffic into those
+            # same NICs is normal and its receivers still receive cleanly from others: its
+            # NICs, links and peers are fine (a NIC, PCIe or link fault slows both
+            # directions, a congested downlink every sender), its host is not posting
+            # sends fast enough. Until that clean evidence exists, wait.
+            x = next(iter(senders))
+            out_nics = {k[0] for k in slow}
+            receivers = {_node(k[1]) for k in slow}
+            if len(out_nics) >= self.p.host_min_nics:
+                clean_in_nics = {b for (_a, b) in clean if b in out_nics}
+                rx_ok = all(any(_node(b) == d and _node(a) != x for a, b in clean) for d in receivers)
+                if len(clean_in_nics) >= max(1, len(out_nics) // 2) and rx_ok:
+                    return {("host-contention", (x,)): self._incident(
+                        "host-contention", "node", (x,), hits, culprit=x,
+                        extra={"slow_out_nics": sorted(out_nics), "clean_in_nics": sorted(clean_in_nics)})}
+                rx_slow = any(_node(b) in receivers and _node(a) != x for a, b in slow)
+                in_slow = any(_node(b) == x for a, b in slow)
+                if not (rx_slow or in_slow):
+                    return {}
+        if len(slow) < 2:
+            return {}  # one slow link fits its sender, its receiver and the path alike: wait
+        if len(covers) == 1:
+            x = covers[0]
+            return {("network-slow", (x,)): self._incident("network-slow", "node", (x,), hits, culprit=x)}
+        if len(covers) == 2:
+            a, b = covers
+
+            def by_path(src: str, dst: str) -> bool:
+                # the sender still sends cleanly to a third node, and the receiver still
+                # receives cleanly from one: neither NIC explains the slow link
+                return (any(s == src and d not in (a, b) for s, d in clean_pairs)
+                        and any(d == dst and s not in (a, b) for s, d in clean_pairs))
+            nic_pairs = {tuple(sorted(k)) for k in slow}
+            if all(by_path(s, d) for s, d in pairs):
+                if len(nic_pairs) < self.p.path_min_links:
+                    return {}  # one NIC pair only: a NIC or a path, wait for more evidence
+                return {("path", (a, b)): self._incident("path", "group", (a, b), hits)}
+            if len(nic_pairs) < 2:
+                return {}  # both directions of one NIC pair: either NIC or the path, wait
+            if len(senders) == 1:
+                x = next(iter(senders))
+                return {("network-slow", (x,)): self._incident("network-slow", "node", (x,), hits, culprit=x)}
+            return {("path", (a, b)): self._incident("path", "group", (a, b), hits)}
+        if len({tuple(sorted(k)) for k in slow}) < self.p.path_min_links:
+            return {}
+        remaining = set(pairs)
+        group: list[str] = []
+        while remaining and len(group) < self.p.max_group:
+            best = max(nodes_in, key=lambda n: sum(n in pair for pair in remaining))
+            group.append(best)
+            remaining = {pair for pair in remaining if best not in pair}
+        grp = tuple(sorted(group))
+        return {("path", grp): self._incident("path", "group", grp, hits)}
+
+    def _late_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
+        out: dict[Key, _Incident] = {}
+        job_wait = float(np.median(self._all_waits)) if self._all_waits else 0.0
+        # Lateness is judged per communicator (the buckets of one step are late
+        # together: persistence must span several steps), then per node: most of the
+        # node's communicators must show it.
+        per_node: dict[str, list[tuple[int, list[Finding]]]] = defaultdict(list)
+        for (node, _comm), win in self._late.items():
+            hits = [f for f in win if f is not None]
+            flagged = len(win) >= self.p.late_window // 2 and len(hits) >= self.p.late_frac * len(win)
+            per_node[node].append((int(flagged), hits))
+        for node, comms in per_node.items():
+            if node in explained or node in self._insufficient:
+                continue
+            if sum(f for f, _ in comms) < max(1, self.p.late_comm_frac * len(comms)):
+                continue
+            hits = [h for f, hs in comms if f for h in hs]
+            waits = self._waits.get(node)
+            if waits and len(waits) >= self.p.link_min_obs and float(np.median(waits)) > job_wait:
+                # it waits for its point-to-point peers more than is usual: it is late
+                # because of them (a pipeline victim); the straggler itself never waits
+                continue
+            out[("compute-slow", (node,))] = self._incident("compute-slow", "node", (node,), hits)
+        return out
+
+    def _hypotheses(self) -> dict[Key, _Incident]:
+        hyps = self._stop_hypotheses()
+        net = self._network_hypotheses()
+        hyps.update(net)
+        explained = {n for _k, nodes in net for n in nodes} | {n for _k, nodes in hyps for n in nodes}
+        hyps.update(self._late_hypotheses(explained))
+        return hyps
+
+    def _incident(self, kind: str, level: str, nodes: tuple[str, ...], fs: list[Finding],
+                  culprit: str | None = None, extra: dict[str, Any] | None = None) -> _Incident:
+        own = [f for f in fs if f.node in nodes] or fs
+        if culprit is not None:
+            own = [f for f in fs if f.node == culprit] or own
+        ops = {(f.comm_id, f.seq) for f in own}
+        conf = round(min(0.99, 0.5 + 0.05 * len(ops)), 3)
+        inc = _Incident(kind, level, nodes, fs, conf, extra or {})
+        inc.ranks = sorted({f.rank for f in own if f.node in nodes})
+        nics = {f.endpoint for f in own if f.node in nodes and "/" in f.endpoint
+                and ":" not in f.endpoint.split("/", 1)[1]}
+        if not nics and kind in ("network-slow", "network-stop"):
+            nics = {e for f in fs for e in f.peer_eps if _node(e) in nodes and ":" not in e.split("/", 1)[1]}
+        inc.nics = sorted(nics)
+        inc.first_seen_ns = min((f.start_ns for f in own), default=0)
+        return inc
+
+    # -- verdicts ---------------------------------------------------------------------------------
+
+    def _decide(self, touched: set[str]) -> list[Verdict]:
+        out: list[Verdict] = []
+        for node, c in self._missing.items():
+            if c >= self.p.missing_ops and node not in self._insufficient:
+                self._insufficient.add(node)
+                out.append(self._verdict(
+                    "insufficient-data", None, "node", (node,), [], [], 0.5,
+                    {"reason": f"no operator records from {node} in {c} operators its peers completed"},
+                    {"ops": c}, self._last_end_ns))
+        hyps = self._hypotheses()
+        for key, inc in hyps.items():
+            cur = self._incidents.get(key)
+            if cur is None:
+                self._incidents[key] = inc
+                self._any_alarm = True
+                out.append(self._anomaly(inc))
+                continue
+            cur.findings, cur.confidence, cur.extra = inc.findings, inc.confidence, inc.extra
+            cur.ranks = sorted(set(cur.ranks) | set(inc.ranks))
+            cur.nics = sorted(set(cur.nics) | set(inc.nics))
+            cur.clean_run = 0
+            if touched & set(cur.nodes):
+                cur.judged_since += 1
+                if cur.judged_since >= self.p.repeat_every:
+                    cur.judged_since = 0
+                    out.append(self._anomaly(cur))
+        for key in list(self._incidents):
+            if key in hyps:
+                continue
+            cur = self._incidents[key]
+            if touched & set(cur.nodes):
+                cur.clean_run += 1
+            if cur.clean_run >= self.p.clear_ops:
+                del self._incidents[key]
+                out.append(self._verdict("cleared", cur.kind, cur.level, cur.nodes, cur.ranks, cur.nics,
+                                         cur.confidence, {"cleared_after_clean_ops": cur.clean_run},
+                                         {"ops": cur.clean_run}, cur.first_seen_ns))
+        if not self._incidents and self._since_healthy >= self.p.healthy_every:
+            out.append(self._healthy())
+        return out
+
+    def _healthy(self) -> Verdict:
+        self._since_healthy = 0
+        nodes = sorted({_node(k[0]) for k in self._links} - self._insufficient)
+        return self._verdict("healthy", None, None, tuple(nodes), [], [], 0.9,
+                             {"judged_nodes": len(nodes), "closed_ops": self._closed_ops},
+                             {"ops": self._closed_ops}, self._last_end_ns)
+
+    def _anomaly(self, inc: _Incident) -> Verdict:
+        own = [f for f in inc.findings if f.node in inc.nodes] or inc.findings
+        shown = sorted(own, key=lambda f: (f.end_ns, f.comm_id, f.seq))[-8:]
+        evidence: dict[str, Any] = {"rule": dict(Counter(f.kind for f in inc.findings)),
+                                    "findings": [f.evidence() for f in shown],
+                                    "outlier_ops": len({(f.comm_id, f.seq) for f in own}), **inc.extra}
+        if inc.level == "group" or inc.kind in ("network-slow", "host-contention"):
+            evidence["links"] = sorted({f"{f.endpoint}->{d}" for f in inc.findings for d in f.peer_eps})[:16]
+        comms = sorted({f.comm_id for f in own})
+        seqs = [f.seq for f in own]
+        window = {"comm_id": comms[0] if len(comms) == 1 else comms, "first_seq": min(seqs, default=0),
+                  "last_seq": max(seqs, default=0), "ops": len({(f.comm_id, f.seq) for f in own}),
+                  "decided_at_ns": max((f.end_ns for f in own), default=self._last_end_ns)}
+        return Verdict(job=self.job or "", status="anomaly", kind=inc.kind, level=inc.level, nodes=list(inc.nodes),
+                       ranks=inc.ranks, nics=inc.nics, confidence=inc.confidence, evidence=evidence, window=window,
+                       first_seen_ns=inc.first_seen_ns, emitted_at=time.time_ns(), method="pulse")
+
+    def _verdict(self, status: str, kind: str | None, level: str | None, nodes: tuple[str, ...], ranks: list[int],
+                 nics: list[str], conf: float, evidence: dict[str, Any], window: dict[str, Any],
+                 first_seen: int) -> Verdict:
+        window = {"comm_id": None, "first_seq": None, "last_seq": None, **window, "decided_at_ns": self._last_end_ns}
+        return Verdict(job=self.job or "", status=status, kind=kind, level=level, nodes=list(nodes), ranks=ranks,
+                       nics=nics, confidence=conf, evidence=evidence, window=window, first_seen_ns=first_seen,
+                       emitted_at=time.time_ns(), method="pulse")
+
+
+def localize(metrics: Iterable[OpMetrics], events: Iterable[HookEvent],
+             params: LocalizeParams | None = None, *, data_end: dict[str, int] | None = None) -> list[Verdict]:
+    """Batch form: all hook events first, then the metrics in end-time order."""
+    loc = Localizer(params)
+    loc.add_events(events)
+    for node, end in (data_end or {}).items():
+        loc.observe_data_end(node, end)
+    out = loc.update(sorted(metrics, key=lambda m: (m.end_ns, m.comm_id, m.seq, m.rank)))
+    return out + loc.finish()

@@ -1,0 +1,123 @@
+"""Parameters of the localizer and the baseline, with their defaults and why."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from pulse.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalizeParams:
+    window_ops: int = 12
+    """Operators (per node, across its communicators) a suspicion is judged over. Twelve
+    covers a couple of training steps' worth of collectives on one rail at the default
+    simulator size, short enough that a verdict comes within the first step or two."""
+    persist_ops: int = 4
+    """Outlier operators needed inside the window before alarming. One slow operator is
+    jitter (a retransmission, a late kernel); four out of twelve is a pattern."""
+    persist_frac: float = 0.5
+    """...and at least this fraction of the node's judged operators in the window must be
+    outliers, so a node that is an outlier only now and then stays quiet."""
+    clear_ops: int = 8
+    """Consecutive clean operators of an alarmed node before a ``cleared`` verdict."""
+    repeat_every: int = 8
+    """An ongoing anomaly is repeated every this many judged operators of the culprit."""
+    healthy_every: int = 64
+    """Closed operators of the job between two ``healthy`` verdicts while nothing alarms."""
+    min_ranks: int = 3
+    """Ranks with data an operator needs to be compared: with two ranks the median is not
+    robust and cannot say which side is odd (two-rank P2P operators feed the link view
+    and the start-delay view only)."""
+    close_lag: int = 4
+    """An operator of a communicator is judged once an operator this many sequence
+    numbers later has data (or at ``finish``): later ranks' records may still be on the
+    way until then, and a rank still missing after that is missing."""
+
+    # -- network fail-slow (ACT) ------------------------------------------------------
+    act_ratio: float = 1.30
+    """An operator is slow when a rank's ACT exceeds the job-wide reference ACT of
+    operators of the same shape (kind, bytes, ranks) by this factor. Healthy operators of
+    one shape stay within a few percent (an epoch of quantisation, chunk rounding); the
+    mildest battery faults (capacity x0.5, 0.5 % loss, a path at x0.5) stretch the
+    throttled operators' ACT by far more."""
+    act_min_epochs: int = 2
+    """...and by at least this many epochs (short point-to-point sends span ~6 epochs, so
+    one epoch of quantisation alone is +17 %)."""
+    vol_excess: float = 0.02
+    """A record that carried this fraction more bytes than expected retransmitted: its
+    links lose packets (go-back-N resends whole windows), a network signal on its own."""
+    ref_min: int = 16
+    """Records of a shape needed before its reference exists. The reference is the 25th
+    percentile of the last 512 (robust even when half of the shape's operators run
+    through a faulty node, e.g. a PCIe fault slows all eight rails of one stage)."""
+    min_act_epochs: int = 4
+    """Shapes whose reference ACT is below this many epochs are too short to compare: a
+    single epoch of quantisation is then more than the ratio above."""
+    rate_ratio: float = 0.80
+    """GroupP2P (custom collectives): a rank whose rank-level active rate is below this
+    fraction of its peers' median is slow. Rate, not volume, so expert imbalance (ranks
+    legitimately sending more or less) does not alarm."""
+    host_min_nics: int = 2
+    """Host contention needs slow sends on at least this many NICs of the node (one
+    starved proxy thread serves them all; a single NIC is a NIC fault)."""
+    path_min_links: int = 2
+    """Slow NIC-to-NIC links needed before a path or group verdict: a single slow link
+    with clean traffic around it fits a NIC fault as well as a path, so wait for more."""
+    max_group: int = 4
+    """Largest group reported when no single node explains the slow links."""
+
+    # -- fail-stop -----------------------------------------------------------------------
+    stop_frac: float = 0.5
+    """A stall is a stop once some stalled record sent at most this fraction of its
+    expected bytes (a throttled-but-moving operator cut off at the end sent far more)."""
+    stall_ns: int = 200_000_000
+    """An incomplete record is a stall when its node's data goes on this long after its
+    last byte (batch runs; a streaming segmenter reports incomplete only after a stall)."""
+
+    # -- compute / host ------------------------------------------------------------------
+    late_min_ns: int = 5_000_000
+    """Compute fail-slow: a rank's span from issuing a collective to its end (its own
+    clock) must be this much shorter than its peers' median: they waited that long for it.
+    Healthy compute jitter makes ranks arrive up to ~2 ms apart, sometimes for several
+    steps; the mildest GPU slowdown (x1.2) delays its node by tens of ms per step. 5 ms
+    is 50x the clock-offset bound, so no decision hangs on sub-offset timing."""
+    late_window: int = 16
+    """Operators of one communicator over which a node's lateness is judged (four
+    gradient buckets per step at the default size: four steps). Buckets of one step are
+    late together, so persistence is measured over steps, not buckets."""
+    late_frac: float = 0.75
+    """Fraction of that window in which the node must be late (and the window at least
+    half full)."""
+    late_comm_frac: float = 0.75
+    """Fraction of the node's communicators that must be persistently late: a GPU or
+    host straggler delays all of them."""
+    late_ratio: float = 0.0
+    """...and by at least this fraction of the peers' median span (0: off)."""
+
+    # -- path / group ----------------------------------------------------------------------
+    link_min_obs: int = 3
+    """Observations of a link needed before it counts as clean evidence that a node's
+    other traffic is fine (used to tell a path from a NIC, a host from a NIC)."""
+
+    # -- missing data --------------------------------------------------------------------------
+    missing_ops: int = 3
+    """Closed operators in which a member node has no record while its peers completed,
+    before that node is reported as insufficient-data."""
+
+    def __post_init__(self) -> None:
+        for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
+                     "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
+                     "max_group"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
+        if self.persist_ops > self.window_ops:
+            raise ConfigError(f"LocalizeParams.persist_ops={self.persist_ops} exceeds window_ops={self.window_ops}")
+        if self.close_lag < 0:
+            raise ConfigError("LocalizeParams.close_lag must be >= 0")
+        if not 0 < self.persist_frac <= 1:
+            raise ConfigError("LocalizeParams.persist_frac must be in (0, 1]")
+        if self.act_ratio <= 1.0:
+            raise ConfigError("LocalizeParams.act_ratio must be > 1")
+        if not 0 < self.rate_ratio < 1 or not 0 < self.stop_frac < 1:
+            raise ConfigError("LocalizeParams.rate_ratio and stop_frac must be in (0, 1)")

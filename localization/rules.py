@@ -1,0 +1,220 @@
+"""Per-operator rules: look at one closed operator (every rank's record of one
+(comm, seq)) and say what it shows.
+
+An operator yields *observations*, which the localizer accumulates over a window:
+
+* **link observations** - for each rank, the links its data crossed (its NIC -> each peer
+  it sends to), marked slow or clean. An operator is *slow* when its ACT is well above the
+  job-wide reference for operators of the same shape (kind, bytes, ranks); inside a slow
+  ring the links of the ranks with the largest ACT carry the blame (at 32 us epochs every
+  rank of a throttled ring looks busy, but the ranks that send out of, or into, the
+  bottleneck stay busiest). Grouped P2P is judged by rank-level active rate instead, so
+  expert imbalance (more or less data, same rate) is not slowness.
+* **lateness** - in a collective whose traffic is normal, a rank whose span from issuing
+  the operator to its end (one node's clock) is much shorter than its peers' arrived late:
+  its peers waited for it (compute straggler).
+* **waits** - how long each point-to-point send waited between issue and first byte (one
+  node's clock): a rank that keeps waiting for a peer is a victim, not a straggler.
+* **stalls** - records of operators that stopped making progress, with the links they
+  could not finish; members that never started an operator their peers are stuck in;
+  members missing while their peers completed (their data is missing, not their op).
+
+Absolute timestamps are never compared across nodes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from pulse.events import GROUPED, P2P
+from pulse.records import OpMetrics
+
+from .params import LocalizeParams
+from .robust import leave_one_out_medians, median
+
+ACT = "act"          # slow link (ACT or rate): network-slow / path / host (by direction)
+LATE = "late"        # arrived late with normal traffic: compute-slow
+STALL = "stall"      # stopped making progress: network-stop
+ABSENT = "absent"    # never started an operator its peers are stuck in: compute-stop
+MISSING = "missing"  # no record while its peers completed: insufficient-data
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}") if np.isfinite(x) else -1.0
+
+
+@dataclasses.dataclass
+class Finding:
+    kind: str
+    comm_id: str
+    seq: int
+    rank: int
+    node: str
+    endpoint: str
+    """node/nic of the rank (node/comm:rank when no NIC is known; the node for absences)."""
+    value: float
+    peers: float
+    """The reference it was compared with (peers' median or the job-wide reference)."""
+    metric: str
+    start_ns: int
+    end_ns: int
+    peer_eps: tuple[str, ...] = ()
+    """Endpoints this rank sends to (the links its traffic crosses)."""
+
+    def evidence(self) -> dict[str, Any]:
+        return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,
+                "metric": self.metric, "value": _round(self.value), "reference": _round(self.peers)}
+
+
+@dataclasses.dataclass
+class LinkObs:
+    src: str
+    dst: str
+    slow: bool
+    finding: Finding | None = None
+    end_ns: int = 0
+
+
+@dataclasses.dataclass
+class Judgement:
+    links: list[LinkObs] = dataclasses.field(default_factory=list)
+    findings: list[Finding] = dataclasses.field(default_factory=list)
+    waits: list[tuple[str, float]] = dataclasses.field(default_factory=list)
+    judged: list[int] = dataclasses.field(default_factory=list)
+    """Indices of records that were compared (clean ones count as health)."""
+
+
+@dataclasses.dataclass
+class OpView:
+    """One closed operator: its ranks' records in rank order, plus per-rank context."""
+
+    comm_id: str
+    seq: int
+    kind: str
+    members: dict[int, str]
+    recs: list[OpMetrics]
+    endpoints: list[str]
+    peer_eps: list[tuple[str, ...]]
+    stalled: list[bool]
+    """Per record: incomplete and without progress for long enough to be a stall."""
+
+    def col(self, name: str) -> np.ndarray:
+        return np.array([getattr(r, name) for r in self.recs], dtype=np.float64)
+
+    @property
+    def missing(self) -> list[int]:
+        """Member ranks with no record. Point-to-point operators only have a record on
+        the sending side (the receiver sends no data), so they never miss anyone."""
+        if self.kind in P2P:
+            return []
+        present = {r.rank for r in self.recs}
+        return sorted(r for r in self.members if r not in present)
+
+
+def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: float) -> Finding:
+    r = view.recs[i]
+    return Finding(kind, view.comm_id, view.seq, r.rank, r.node, view.endpoints[i], float(value), float(ref),
+                   metric, r.start_ns, r.end_ns, view.peer_eps[i])
+
+
+def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
+    """Observations of one closed operator. ``act_ref``: the job-wide reference ACT of
+    operators of this shape (None while too few have been seen)."""
+    out = Judgement()
+    n = len(view.recs)
+    if n == 0:
+        return out
+    complete = np.array([r.complete for r in view.recs])
+    missing = view.missing
+    if missing:
+        if complete.all():
+            for rk in missing:
+                node = view.members[rk]
+                out.findings.append(Finding(MISSING, view.comm_id, view.seq, rk, node, node, float("nan"),
+                                            float("nan"), "records", view.recs[0].start_ns, view.recs[0].end_ns))
+            return out
+        if any(view.stalled):
+            r0 = view.recs[int(np.flatnonzero(~complete)[0])]
+            for rk in missing:
+                node = view.members[rk]
+                out.findings.append(Finding(ABSENT, view.comm_id, view.seq, rk, node, node, 0.0,
+                                            float(n), "started", r0.start_ns, r0.end_ns))
+    if not complete.all():
+        if any(view.stalled):
+            exp = view.col("expected_bytes")
+            frac = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
+            for i in np.flatnonzero(~complete):
+                if view.stalled[int(i)]:
+                    out.findings.append(_finding(view, int(i), STALL, "sent_fraction", frac[i],
+                                                 median(np.delete(frac, i)) if n > 1 else 1.0))
+        return out
+    out.judged = list(range(n))
+    if view.kind == GROUPED:
+        _judge_rate(view, p, out)
+    else:
+        _judge_act(view, p, act_ref, out)
+    if view.kind in P2P:
+        for r in view.recs:
+            if r.t_host_ns is not None:
+                out.waits.append((r.node, float(r.start_ns - r.t_host_ns)))
+    slow = any(lk.slow for lk in out.links)
+    if n >= p.min_ranks and not slow:
+        _judge_late(view, p, out)
+    return out
+
+
+def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:
+    if ref is None or ref <= 0:
+        return
+    act = view.col("act_ns")
+    epoch = float(view.recs[0].epoch_ns)
+    if ref < p.min_act_epochs * epoch:
+        return
+    ratio = act / ref
+    slow = (ratio >= p.act_ratio) & (act - ref >= p.act_min_epochs * epoch)
+    top = act >= act.max() - max(epoch, 0.01 * act.max())
+    exp = view.col("expected_bytes")
+    vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
+    resent = vol >= 1.0 + p.vol_excess
+    slow_op = bool(slow.any() or resent.any())
+    for i in range(act.size):
+        blamed = bool((slow[i] and top[i]) or resent[i])
+        f = None
+        if resent[i]:
+            f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
+        elif blamed:
+            f = _finding(view, i, ACT, "act_ns", act[i], ref)
+        if not slow_op or blamed:
+            for d in view.peer_eps[i]:
+                out.links.append(LinkObs(view.endpoints[i], d, blamed, f, view.recs[i].end_ns))
+            if blamed:
+                out.findings.append(f)  # type: ignore[arg-type]
+
+
+def _judge_rate(view: OpView, p: LocalizeParams, out: Judgement) -> None:
+    rate = view.col("active_rate")
+    if rate.size < p.min_ranks:
+        return
+    loo = leave_one_out_medians(rate)
+    for i in range(rate.size):
+        blamed = bool(loo[i] > 0 and rate[i] <= p.rate_ratio * loo[i])
+        f = _finding(view, i, ACT, "active_rate", rate[i], loo[i]) if blamed else None
+        for d in view.peer_eps[i]:
+            out.links.append(LinkObs(view.endpoints[i], d, blamed, f, view.recs[i].end_ns))
+        if f is not None:
+            out.findings.append(f)
+
+
+def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:
+    th = np.array([np.nan if r.t_host_ns is None else float(r.t_host_ns) for r in view.recs])
+    if np.isnan(th).any():
+        return
+    span = view.col("end_ns") - th  # issue -> end, on each rank's own clock
+    for i in range(span.size):
+        ref = median(np.delete(span, i))
+        lag = ref - span[i]
+        if lag >= p.late_min_ns and lag >= p.late_ratio * max(ref, 0.0):
+            out.findings.append(_finding(view, i, LATE, "issue_to_end_ns", span[i], ref))

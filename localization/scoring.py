@@ -1,0 +1,142 @@
+"""Scoring verdicts against a simulator's ground truth (DESIGN.md "Scoring").
+
+This is the only module of pulse.localization that reads truth (``truth.json``, through
+:func:`pulse.trace.read_truth` in the callers); the localizers never see it.
+
+Per run:
+
+* an **incident** is one (method, kind, nodes) series of anomaly verdicts (repeats of the
+  same anomaly are one incident; ``cleared``, ``healthy`` and ``insufficient-data`` are not
+  alarms);
+* an incident is **correct** when its kind family (network: network-slow/stop/path; compute:
+  compute-slow/stop/host-contention) matches the truth and its nodes are right: for a
+  node-level truth, a node-level hit names exactly the culprit node, a group-level hit is a
+  set of several nodes that contains it; for a group-level truth (path scenarios), a
+  group-level hit is a non-empty set of at most the affected group's nodes;
+* the run's **outcome** is ``node`` / ``group`` (best correct incident) unless a wrong
+  incident came first, then ``misdiagnosed``; ``missed`` when there is no incident at all;
+  on a healthy run any incident is a false alarm;
+* **time to detect** = trace time of the first correct verdict's decision minus onset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from pulse.records import Verdict, kind_family
+
+
+@dataclasses.dataclass
+class ScenarioScore:
+    scenario: str
+    seed: int | None
+    method: str
+    outcome: str
+    """node | group | misdiagnosed | missed | healthy-ok | false-alarm."""
+    incidents: int
+    correct_incidents: int
+    wrong_incidents: int
+    detect_ns: int | None
+    """Onset to the first correct verdict, trace time; None when none came."""
+    first_verdict: dict[str, Any] | None = None
+    severity: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _decided_at(v: Verdict) -> int:
+    w = v.window if isinstance(v.window, dict) else {}
+    at = w.get("decided_at_ns")
+    return int(at) if isinstance(at, int) else int(v.first_seen_ns)
+
+
+def _match(v: Verdict, truth: dict[str, Any]) -> str | None:
+    """'node' / 'group' when this anomaly verdict is a hit, None when it is wrong."""
+    culprit = set((truth.get("culprit") or {}).get("nodes") or [])
+    if not culprit or kind_family(v.kind) != kind_family(truth.get("kind")):
+        return None
+    nodes = set(v.nodes)
+    if not nodes:
+        return None
+    if truth.get("level") == "group":
+        return "group" if nodes <= culprit else None
+    if nodes == culprit:
+        return "node"
+    if culprit <= nodes:
+        return "group"
+    return None
+
+
+def score(verdicts: Iterable[Verdict], truth: dict[str, Any], *, method: str | None = None) -> ScenarioScore:
+    vs = [v for v in verdicts if method is None or v.method == method]
+    meth = method or (vs[0].method if vs else "pulse") or "pulse"
+    anomalies = sorted((v for v in vs if v.status == "anomaly"), key=lambda v: (_decided_at(v), v.emitted_at))
+    seen: dict[tuple[str | None, tuple[str, ...]], str | None] = {}
+    order: list[tuple[str | None, Verdict]] = []
+    for v in anomalies:
+        key = (v.kind, tuple(sorted(v.nodes)))
+        if key not in seen:
+            seen[key] = _match(v, truth)
+            order.append((seen[key], v))
+    scenario = str(truth.get("scenario", "?"))
+    seed = truth.get("seed")
+    sev = truth.get("severity")
+    healthy = truth.get("kind") is None
+    correct = [v for m, v in order if m is not None]
+    wrong = [v for m, v in order if m is None]
+    first = order[0][1].to_dict() if order else None
+    if healthy:
+        return ScenarioScore(scenario, seed, meth, "false-alarm" if order else "healthy-ok", len(order), 0,
+                             len(order), None, first, sev)
+    if not order:
+        outcome = "missed"
+    elif order[0][0] is None:
+        outcome = "misdiagnosed"
+    else:
+        outcome = "node" if any(m == "node" for m, _ in order) else "group"
+    onset = truth.get("onset_ns")
+    detect = None
+    if correct and isinstance(onset, int):
+        detect = max(0, _decided_at(correct[0]) - onset)
+    return ScenarioScore(scenario, seed, meth, outcome, len(order), len(correct), len(wrong), detect, first, sev)
+
+
+@dataclasses.dataclass
+class Summary:
+    method: str
+    runs: int
+    node: int
+    group: int
+    misdiagnosed: int
+    missed: int
+    healthy_runs: int
+    false_alarms: int
+    precision: float
+    recall: float
+    mean_detect_ms: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarize(scores: Iterable[ScenarioScore], method: str) -> Summary:
+    ss = [s for s in scores if s.method == method]
+    anomalous = [s for s in ss if s.outcome not in ("healthy-ok", "false-alarm")]
+    healthy = [s for s in ss if s.outcome in ("healthy-ok", "false-alarm")]
+    incidents = sum(s.incidents for s in ss)
+    correct = sum(s.correct_incidents for s in ss)
+    hits = [s for s in anomalous if s.outcome in ("node", "group")]
+    detects = [s.detect_ns for s in anomalous if s.detect_ns is not None]
+    return Summary(
+        method=method, runs=len(anomalous),
+        node=sum(s.outcome == "node" for s in anomalous), group=sum(s.outcome == "group" for s in anomalous),
+        misdiagnosed=sum(s.outcome == "misdiagnosed" for s in anomalous),
+        missed=sum(s.outcome == "missed" for s in anomalous),
+        healthy_runs=len(healthy), false_alarms=sum(s.outcome == "false-alarm" for s in healthy),
+        precision=correct / incidents if incidents else 1.0,
+        recall=len(hits) / len(anomalous) if anomalous else 1.0,
+        mean_detect_ms=(sum(detects) / len(detects) / 1e6) if detects else None,
+    )

@@ -1,0 +1,203 @@
+"""Each localization rule on small hand-built operator metric sets."""
+
+from __future__ import annotations
+
+from pulse.localization import LocalizeParams, Localizer, localize
+
+from pulse.records import Verdict
+
+from . import synth
+
+ONSET = 10
+
+
+def anomalies(vs: list[Verdict]) -> list[Verdict]:
+    return [v for v in vs if v.status == "anomaly"]
+
+
+def culprits(vs: list[Verdict]) -> set[tuple[str | None, str | None, tuple[str, ...]]]:
+    return {(v.kind, v.level, tuple(v.nodes)) for v in anomalies(vs)}
+
+
+def run(tweak=None, **kw) -> list[Verdict]:
+    n = kw.pop("n", 4)
+    rails = kw.pop("rails", 2)
+    params = kw.pop("params", LocalizeParams())
+    shared = kw.get("shared", False)
+    return localize(synth.metrics(n, rails, tweak=tweak, **kw), synth.events(n, rails, shared=shared), params)
+
+
+def test_healthy_jitter_gives_no_alarm_and_a_healthy_verdict():
+    for seed in range(5):
+        vs = run(seed=seed)
+        assert not anomalies(vs)
+        assert any(v.status == "healthy" for v in vs)
+        assert all(v.method == "pulse" for v in vs)
+
+
+def _nic_slow(comm, seq, r, f):
+    # node-02's NIC on rail 0 is slow in and out: it and the rank sending into it stay
+    # busiest in the throttled ring
+    if comm == "dp0" and seq >= ONSET and r in (1, 2):
+        f["act_ns"] = int(synth.ACT * 1.6)
+    return f
+
+
+def test_network_slow_rank_with_larger_act_is_blamed_with_its_nic():
+    slow = _nic_slow
+    vs = run(slow)
+    assert culprits(vs) == {("network-slow", "node", ("node-02",))}
+    v = anomalies(vs)[0]
+    assert v.nics == ["node-02/mlx5_0"]
+    assert v.ranks == [2]
+    f = v.evidence["findings"][-1]
+    assert f["metric"] == "act_ns" and f["value"] > 1.3 * f["reference"]
+    assert v.window["first_seq"] >= ONSET
+    assert v.first_seen_ns >= ONSET * synth.PERIOD - 200_000
+
+
+def test_slow_nic_in_both_directions_blames_the_nic_not_its_ring_neighbour():
+    # node-02's NIC is slow in and out: node-01 (sending into it) also shows a larger ACT,
+    # but only node-02 is on every slow link.
+    def slow(comm, seq, r, f):
+        if comm == "dp0" and seq >= ONSET and r in (1, 2):
+            f["act_ns"] = int(synth.ACT * (1.6 if r == 2 else 1.595))
+        return f
+    assert culprits(run(slow)) == {("network-slow", "node", ("node-02",))}
+
+
+def test_mild_act_increase_below_threshold_does_not_alarm():
+    def slow(comm, seq, r, f):
+        if comm == "dp0" and r == 2 and seq >= ONSET:
+            f["act_ns"] = int(f["act_ns"] * 1.04)
+        return f
+    assert not anomalies(run(slow))
+
+
+def test_occasional_outlier_is_jitter_not_a_fault():
+    def blip(comm, seq, r, f):
+        if comm == "dp0" and r == 2 and seq in (5, 17, 29):
+            f["act_ns"] = int(f["act_ns"] * 1.5)
+        return f
+    assert not anomalies(run(blip))
+
+
+def test_recovery_emits_cleared():
+    def slow(comm, seq, r, f):
+        return _nic_slow(comm, seq, r, f) if seq < 24 else f
+    vs = run(slow, ops=60)
+    assert culprits(vs) == {("network-slow", "node", ("node-02",))}
+    cleared = [v for v in vs if v.status == "cleared"]
+    assert cleared and cleared[0].nodes == ["node-02"]
+    assert vs.index(cleared[0]) > vs.index(anomalies(vs)[0])
+
+
+def test_anomaly_is_repeated_while_it_persists():
+    assert len(anomalies(run(_nic_slow, ops=60))) >= 3
+
+
+def test_network_stop_blames_the_node_that_sent_least():
+    # node-02's NIC dies: its own sends stall at nothing, and so do the sends into it
+    # (dp0: 1 -> 2, dp1 ring 0,2,1,3: 0 -> 2); every other record still completes.
+    def stop(comm, seq, r, f):
+        if seq == 39 and (r == 2 or (comm, r) in (("dp0", 1), ("dp1", 0))):
+            f["complete"] = False
+            f["volume_bytes"] = 0 if r == 2 else synth.BYTES // 3
+        return f
+    assert culprits(run(stop)) == {("network-stop", "node", ("node-02",))}
+
+
+def test_compute_stop_blames_the_rank_that_never_started():
+    def hang(comm, seq, r, f):
+        if seq == 39:
+            if r == 2:
+                return None
+            f["complete"] = False
+            f["volume_bytes"] = synth.BYTES // 8
+        return f
+    assert culprits(run(hang)) == {("compute-stop", "node", ("node-02",))}
+
+
+def test_missing_data_gives_insufficient_data_never_blame():
+    def gone(comm, seq, r, f):
+        return None if r == 3 and seq >= 5 else f
+    vs = run(gone)
+    assert not anomalies(vs)
+    ins = [v for v in vs if v.status == "insufficient-data"]
+    assert ins and ins[0].nodes == ["node-03"]
+    healthy = [v for v in vs if v.status == "healthy"]
+    assert healthy and all("node-03" not in v.nodes for v in healthy)
+
+
+def _late(delay: int):
+    # node-02's GPU computes longer: it enters every operator late; its peers wait inside
+    # the operator (longer durations), the operator ends together on every rank.
+    def late(comm, seq, r, f):
+        if seq >= ONSET:
+            if r == 2:
+                f["start_ns"] += delay
+                f["t_host_ns"] += delay
+            else:
+                f["duration_ns"] += delay
+        return f
+    return late
+
+
+def test_compute_slow_rank_idles_longer_before_its_operators():
+    vs = run(_late(8_000_000))
+    assert culprits(vs) == {("compute-slow", "node", ("node-02",))}
+    f = anomalies(vs)[0].evidence["findings"][-1]
+    assert f["metric"] == "issue_to_end_ns" and f["value"] < f["reference"] - 7_000_000
+
+
+def test_lateness_below_the_clock_offset_bound_is_not_used():
+    assert not anomalies(run(_late(1_000_000)))
+
+
+def test_tx_slow_nic_with_two_peers_is_the_node_not_a_path():
+    def slow(comm, seq, r, f):
+        if seq >= ONSET and r == 2:
+            f["act_ns"] = int(f["act_ns"] * 1.4)
+        return f
+    assert culprits(run(slow, shared=True)) == {("network-slow", "node", ("node-02",))}
+
+
+def _group(rate_of: dict[int, float], imbalance: bool):
+    def f_(comm, seq, r, f):
+        vol = synth.BYTES * ((1 + r) if imbalance else 1)
+        act = int(synth.ACT * vol / synth.BYTES / rate_of.get(r, 1.0)) if seq >= ONSET else \
+            int(synth.ACT * vol / synth.BYTES)
+        f.update(volume_bytes=vol, expected_bytes=vol, act_ns=act)
+        return f
+    return f_
+
+
+def test_grouped_p2p_expert_imbalance_is_not_an_alarm():
+    assert not anomalies(run(_group({}, imbalance=True), kind="GroupP2P", n=6, rails=1))
+
+
+def test_streaming_in_pieces_equals_batch():
+    def slow(comm, seq, r, f):
+        if comm == "dp0" and r == 2 and seq >= ONSET:
+            f["act_ns"] = int(f["act_ns"] * 1.3)
+        return f
+    ms = sorted(synth.metrics(tweak=slow), key=lambda m: m.end_ns)
+    loc = Localizer(LocalizeParams())
+    loc.add_events(synth.events())
+    out: list[Verdict] = []
+    for i in range(0, len(ms), 7):
+        out += loc.update(ms[i:i + 7])
+    out += loc.finish()
+    batch = localize(ms, synth.events(), LocalizeParams())
+    strip = lambda vs: [(v.status, v.kind, v.nodes, v.window.get("last_seq")) for v in vs]  # noqa: E731
+    assert strip(out) == strip(batch)
+
+
+def test_verdicts_roundtrip_the_wire_contract():
+    def slow(comm, seq, r, f):
+        if comm == "dp0" and r == 2 and seq >= ONSET:
+            f["act_ns"] = int(f["act_ns"] * 1.3)
+        return f
+    from pulse.records import decode_verdict
+    for v in run(slow):
+        assert decode_verdict(v.to_json()) == v
