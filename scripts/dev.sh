@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
-APT_PACKAGES=(influxdb victoria-metrics tcpdump tshark iproute2 nftables)
+APT_PACKAGES=(influxdb victoria-metrics tcpdump tshark iproute2 nftables ethtool gcc)
 
 say() { printf '[dev.sh] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -102,7 +102,7 @@ cmd_demo() {
 cmd_test() {
     ensure_system_packages
     ensure_venv
-    ensure_installed test
+    ensure_installed test,lab
     say "running: pytest -q $*"
     local rc=0
     "$VENV/bin/pytest" -q --durations=15 "$@" || rc=$?

@@ -96,9 +96,22 @@ def measure(rows: int, flows: int, repeats: int, seed: int = 0) -> dict[str, obj
               help="Send flows (a 64-GPU job: 64 ranks x 32 send flows).")
 @click.option("--repeats", default=9, show_default=True, help="Timed repeats (best is reported).")
 @click.option("--seed", default=0, show_default=True)
+@click.option("--streaming", is_flag=True,
+              help="Measure the streaming form instead: flows per NIC segmented in real time at 32 us epochs.")
+@click.option("--nic-flows", default="2000,20000,50000", show_default=True,
+              help="--streaming: concurrent send flows per NIC to try (comma-separated).")
+@click.option("--active", default=64, show_default=True,
+              help="--streaming: flows transmitting in any one epoch (they share the NIC's 400 Gb/s line rate).")
+@click.option("--seconds", default=2.0, show_default=True, help="--streaming: simulated seconds of traffic.")
+@click.option("--window-ms", default=10.0, show_default=True, help="--streaming: epoch batch window.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
-def bench_segment(rows: int, flows: int, repeats: int, seed: int, as_json: bool) -> None:
-    """Segmentation kernel epoch-rows/s per core vs a bare numpy pass (np.sum) in the same run."""
+def bench_segment(rows: int, flows: int, repeats: int, seed: int, streaming: bool, nic_flows: str, active: int,
+                  seconds: float, window_ms: float, as_json: bool) -> None:
+    """Segmentation kernel epoch-rows/s per core vs a bare numpy pass (np.sum) in the same run;
+    with --streaming, the streaming form's real-time factor per number of flows per NIC."""
+    if streaming:
+        _bench_streaming(nic_flows, active, seconds, window_ms, repeats, seed, as_json)
+        return
     if rows < 1000 or flows < 1 or flows > rows // 10 or repeats < 1:
         raise ConfigError(f"--rows {rows} --flows {flows} --repeats {repeats}: need rows >= 1000, "
                           "1 <= flows <= rows/10, repeats >= 1")
@@ -111,3 +124,30 @@ def bench_segment(rows: int, flows: int, repeats: int, seed: int, as_json: bool)
     click.echo(f"numpy sum (same run): {res['numpy_sum_rows_per_s'] / 1e6:.1f} M rows/s", err=True)
     ok = "meets" if res["ratio"] >= TARGET_RATIO else "below"
     click.echo(f"ratio: {res['ratio']:.3f} ({ok} the {TARGET_RATIO} target)", err=True)
+
+
+def _bench_streaming(nic_flows: str, active: int, seconds: float, window_ms: float, repeats: int, seed: int,
+                     as_json: bool) -> None:
+    from pulse.segmentation.streambench import measure_streaming
+
+    try:
+        flows_list = [int(x) for x in nic_flows.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--nic-flows {nic_flows!r}: comma-separated integers expected") from None
+    if not flows_list or min(flows_list) < 1 or active < 1 or seconds <= 0 or window_ms < 0.032 or repeats < 1:
+        raise ConfigError(f"--nic-flows {nic_flows} --active {active} --seconds {seconds} --window-ms {window_ms}: "
+                          "need flows >= 1, active >= 1, seconds > 0, window >= one 32 us epoch")
+    res = measure_streaming(flows_list, active=active, seconds=seconds, window_ms=window_ms,
+                            repeats=min(repeats, 3), seed=seed)
+    if as_json:
+        click.echo(orjson.dumps(res).decode())
+        return
+    for r in res["runs"]:
+        click.echo(f"{r['flows_per_nic']:>7} flows/NIC ({r['mean_active_flows']:.0f} active per epoch on average, "
+                   f"{r['rows']} rows, "
+                   f"{r['operators']} operators in {r['simulated_s']:.2f} s simulated): streaming "
+                   f"{r['realtime_factor']:.2f}x real time ({r['rows_per_s'] / 1e6:.2f} M rows/s); batch form "
+                   f"(same run) {r['batch_form_realtime_factor']:.2f}x; streaming == batch: {r['stream_equals_batch']}",
+                   err=True)
+    click.echo(f"flows per NIC in real time on one core: >= {res['max_realtime_flows_per_nic']} "
+               f"(target {res['target_flows_per_nic']})", err=True)

@@ -25,23 +25,33 @@ def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol
           status: np.ndarray, act_epochs: int) -> OpMetrics:
     """``start``/``end`` (grid epochs, -1 = never started), ``vol``, ``status`` per flow of
     ``info.flows``; ``act_epochs`` = union of their active epochs."""
-    ev = info.event
     began = start >= 0
-    volume = int(vol.sum())
-    if began.any():
-        start_ns = int(clock.to_ns(int(start[began].min())))
-        end_ns = int(clock.to_ns(int(end[began].max()) + 1))
+    first = int(start[began].min()) if began.any() else -1
+    last = int(end[began].max()) if began.any() else -1
+    return build_from(info, clock, first, last, int(vol.sum()), bool(np.all(status == COMPLETE)), act_epochs)
+
+
+def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int, complete: bool,
+               act_epochs: int) -> OpMetrics:
+    """One record from the reduced figures: first/last active grid epoch over the flows
+    (``first`` -1 when none started), total bytes, whether every flow completed, and the
+    union of their active epochs. Every value is computed here from validated inputs, so
+    the record is built with the trusted constructor (no per-field validation)."""
+    ev = info.event
+    if first >= 0:
+        start_ns = int(clock.to_ns(first))
+        end_ns = int(clock.to_ns(last + 1))
     else:
         # Nothing sent: pin the empty interval at the host-side issue time.
         start_ns = end_ns = int(ev.t_host_ns or 0)
     act_ns = int(act_epochs) * clock.epoch_ns
     rate = volume / (act_ns * 1e-9) if act_ns > 0 else 0.0
-    return OpMetrics(
+    return OpMetrics.trusted(
         job=ev.job, node=ev.node, comm_id=ev.comm_id, seq=ev.seq, rank=ev.rank, kind=ev.kind,
         nranks=info.nranks, start_ns=start_ns, end_ns=end_ns, duration_ns=end_ns - start_ns,
-        act_ns=act_ns, volume_bytes=volume, expected_bytes=info.expected_bytes,
-        complete=bool(np.all(status == COMPLETE)), active_rate=float(min(rate, 1e15)),
-        flows=len(info.flows), epoch_ns=clock.epoch_ns, nics=sorted({f[1] for f in info.flows}),
+        act_ns=act_ns, volume_bytes=int(volume), expected_bytes=info.expected_bytes,
+        complete=bool(complete), active_rate=float(min(rate, 1e15)),
+        flows=len(info.flows), epoch_ns=int(clock.epoch_ns), nics=sorted({f[1] for f in info.flows}),
         group=ev.group, t_host_ns=ev.t_host_ns)
 
 

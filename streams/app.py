@@ -98,11 +98,22 @@ async def committed_offsets(bootstrap: str, group: str, topics: list[str]) -> di
     return out
 
 
+def _warm_up() -> None:
+    """Load numba kernels and lazily imported modules now rather than on the first
+    messages (about a second of stalled stream otherwise)."""
+    with contextlib.suppress(ImportError):
+        from pulse.segmentation.streaming import warm_up
+
+        warm_up()
+    with contextlib.suppress(ImportError):
+        import pulse.localization  # noqa: F401
+
+
 class Pipeline:
     """Builds the Faust app for a :class:`~pulse.settings.Settings`; holds the agents' state."""
 
     def __init__(self, settings: Settings, *, bootstrap: str | None = None, influx: InfluxSink | None = None,
-                 segment_params: Any = None, localize_params: Any = None, chunk: int = 256,
+                 segment_params: Any = None, localize_params: Any = None, chunk: int = 1024,
                  within_s: float = 0.01, on_verdicts: Callable[[list[Verdict]], None] | None = None,
                  session_timeout_s: float = 10.0) -> None:
         self.settings = settings
@@ -115,6 +126,7 @@ class Pipeline:
         self.within_s = within_s
         self.on_verdicts = on_verdicts
         self.session_timeout_s = session_timeout_s
+        _warm_up()
         self._seg_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-segment")
         self._loc_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="pulse-localize")
         self.lag_ms: dict[str, float] = {}
@@ -154,8 +166,12 @@ class Pipeline:
                 msgs = [self._message(ev) for ev in chunk]
                 out = await self._run(self._seg_pool, self.segment_state.handle, msgs)
                 self._note_lag("segment", chunk)
+                # Straight to the producer: raw bytes need none of Topic.send's
+                # serialisation and bookkeeping, which cost more than the send itself
+                # (stream_publish_on_commit is off: Topic.send publishes at once too).
+                send = app.producer.send
                 for key, value in out.op_metrics:
-                    await op_metrics.send(key=key, value=value)
+                    await send(t.op_metrics, key, value, None, None, None)
                 if self.influx is not None and out.metrics:
                     self.influx.add_metrics(out.metrics)
                 await self._dead(out, dead)

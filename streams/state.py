@@ -110,6 +110,7 @@ class SegmentState:
         self.params = params if params is not None else segment_params()
         self.topics = topics
         self.nodes: dict[str, Any] = {}
+        self._deferred = "run" in getattr(node_segmenter, "__dict__", {})
         self._comms: dict[tuple[str, str, int], _events.CommEvent] = {}
         self._jobs: dict[str, str] = {}
         self.batches = 0
@@ -158,16 +159,26 @@ class SegmentState:
                     out.op_metrics.append((e.job.encode(), _events.encode(e)))
             if rest:
                 self._emit(self.segmenter(node).add_events(rest), out)
+        # Every batch of the chunk is taken in first, then each node's segmenter runs once:
+        # the same metrics as running after each batch, for one kernel pass per node.
+        touched: dict[str, Any] = {}
         for batch in batches:
             self.batches += 1
             self.rows += batch.n_rows
             self._job_of(batch.node, batch.job)
             try:
-                self._emit(self.segmenter(batch.node).update(batch), out)
+                seg = self.segmenter(batch.node)
+                if self._deferred:
+                    seg.update(batch, run=False)
+                    touched[batch.node] = seg
+                else:
+                    self._emit(seg.update(batch), out)
             except PulseError as exc:
                 self.dead += 1
                 out.dead.append(DeadLetter(self.topics.samples, None, None, batch.node.encode(), None,
                                            str(exc), "segment"))
+        for seg in touched.values():
+            self._emit(seg.run(), out)
         return out
 
     def finish(self) -> Output:
@@ -249,9 +260,23 @@ class _Aligner:
         self.last_add = now
 
     def _complete(self, comm: str, recs: dict[int, OpMetrics]) -> bool:
-        # Not "the ranks seen so far": under skew those are one node's, and an operator
-        # released without its late ranks would have them dropped as too late.
-        return len(recs) >= next(iter(recs.values())).nranks
+        # Not "the ranks seen so far" at first: under skew those are one node's, and an
+        # operator released without its late ranks would have them dropped as too late.
+        # But only ranks that send data report an operator: a Send has one record (its
+        # Recv none), Broadcast/Reduce one fewer than the ranks (the ring's last rank,
+        # the root). Once a communicator's ranks have reported (an operator of it was
+        # released), a rank that never reports for it (its ring hop inside a node) is
+        # not waited for either. Without this, such operators waited for the hold bound
+        # and, released in seq order, held back every later one of their communicator.
+        rec = next(iter(recs.values()))
+        need = rec.nranks
+        if rec.kind == "Send":
+            need = 1
+        elif rec.kind in ("Broadcast", "Reduce"):
+            need = max(1, need - 1)
+        if comm in self.calibrated:
+            need = min(need, len(self.known.get(comm, ())))
+        return len(recs) >= need
 
     def ready(self, now: float) -> list[OpMetrics]:
         if not self.node_end:

@@ -5,10 +5,10 @@ the truth says never finished. Truth is read here for scoring only."""
 from __future__ import annotations
 
 import pytest
-from conftest import CASES
 from pulse.segmentation.association import associate
 from pulse.segmentation.batch import segment_flows, segment_trace
 from pulse.segmentation.streaming import NodeSegmenter
+from segcases import CASES
 from segscore import score, summary
 
 from pulse.trace import TraceReader, read_truth

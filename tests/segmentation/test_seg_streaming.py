@@ -129,7 +129,7 @@ def test_bounded_state_evicts_and_counts():
     for b in batches:
         seg.update(b)
     assert seg.stats.evicted_rows > 0
-    assert all(f.ep.size <= 16 for f in seg._flows.values())
+    assert seg.buffered_rows() and all(n <= 16 for n in seg.buffered_rows().values())
     seg.add_events([e for e in tb.events if isinstance(e, OpEvent)])
     assert len(seg._ops) <= 4 and seg.stats.evicted_ops > 0
     seg.finish()
@@ -152,3 +152,44 @@ def test_wrong_node_batch_is_an_error():
     b = next(b for b in tb.batches() if b.node == "node-01")
     with pytest.raises(SegmentationError, match="node-01"):
         NodeSegmenter("node-00").update(b)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+@pytest.mark.parametrize("group", [2, 5, 1000])
+def test_deferred_updates_then_run_equal_batch(seed, group):
+    """update(run=False) for several batches, then run(): the batch form's metrics."""
+    tb = random_trace(seed, hang_after=5 if seed == 3 else None)
+    batches = tb.batches(window=4)
+    want = segment_trace(batches, tb.events)
+    for node in sorted({m.node for m in want}):
+        seg = NodeSegmenter(node)
+        out = seg.add_events([e for e in tb.events if getattr(e, "node", node) == node or e.TYPE == "comm"])
+        mine = [b for b in batches if b.node == node]
+        for i in range(0, len(mine), group):
+            for b in mine[i:i + group]:
+                assert seg.update(b, run=False) == []
+            out += seg.run()
+        out += seg.finish()
+        assert sorted(out, key=lambda m: (m.comm_id, m.rank, m.seq)) == [m for m in want if m.node == node]
+
+
+def test_unbound_rows_then_binding_equal_batch():
+    """Traffic before its flow bindings (several batches per run): buffered, then segmented."""
+    tb = random_trace(2)
+    batches = tb.batches(window=4)
+    want = segment_trace(batches, tb.events)
+    node = "node-01"
+    seg = NodeSegmenter(node)
+    mine = [b for b in batches if b.node == node]
+    half = len(mine) // 2
+    out = []
+    for b in mine[:half]:
+        seg.update(b, run=False)
+    out += seg.run()
+    assert seg.stats.unbound_flows
+    out += seg.add_events([e for e in tb.events if getattr(e, "node", node) == node or e.TYPE == "comm"])
+    assert not seg.stats.unbound_flows
+    for b in mine[half:]:
+        out += seg.update(b)
+    out += seg.finish()
+    assert sorted(out, key=lambda m: (m.comm_id, m.rank, m.seq)) == [m for m in want if m.node == node]

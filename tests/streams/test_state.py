@@ -88,3 +88,33 @@ def test_a_rank_that_never_reports_is_released_after_the_hold():
     assert al.ready(0.0) == []
     al.add(_m("a", 5, 0, 5_000_000), now=0.1)  # the job moved on by more than the hold
     assert [(m.seq, m.rank) for m in al.ready(0.1)] == [(0, 0), (0, 1)]
+
+
+def _kind(m: OpMetrics, kind: str) -> OpMetrics:
+    return OpMetrics(**{**{f.name: getattr(m, f.name) for f in OpMetrics.FIELDS}, "kind": kind})
+
+
+def test_a_send_has_one_record_and_does_not_wait_for_the_hold():
+    """Only the sender of a Send reports (its Recv has no send flow): one record is all."""
+    al = _Aligner(hold_ns=1_000_000_000, idle_s=10.0)
+    al.add(_kind(_m("pp", 0, 0, 1_000, nranks=2), "Send"), now=0.0)
+    al.add(_kind(_m("pp", 1, 1, 2_000, nranks=2), "Send"), now=0.0)
+    al.add(_m("dp", 0, 0, 3_000, nranks=2), now=0.0)
+    al.add(_m("dp", 0, 1, 3_000, nranks=2), now=0.0)
+    got = [(m.comm_id, m.seq, m.rank) for m in al.ready(0.0)]
+    assert got == [("pp", 0, 0), ("pp", 1, 1), ("dp", 0, 0), ("dp", 0, 1)]
+
+
+def test_a_rank_that_never_reported_holds_only_until_the_comm_is_calibrated():
+    al = _Aligner(hold_ns=1_000_000, idle_s=10.0)
+    for r in (0, 1):  # rank 2's ring hop is inside its node: it never reports
+        al.add(_m("a", 0, r, 1_000), now=0.0)
+    assert al.ready(0.0) == []
+    al.add(_m("a", 1, 0, 2_000_000), now=0.1)
+    assert [(m.seq, m.rank) for m in al.ready(0.1)] == [(0, 0), (0, 1)]  # by the hold bound
+    al.add(_m("a", 1, 1, 2_000_000), now=0.2)
+    al.add(_m("a", 2, 0, 2_100_000), now=0.2)
+    al.add(_m("a", 2, 1, 2_100_000), now=0.2)
+    # seqs 1 and 2 have every rank that reports for "a" and every node went past them:
+    # released at once, not after the hold
+    assert [(m.seq, m.rank) for m in al.ready(0.2)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
