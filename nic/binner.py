@@ -117,6 +117,25 @@ def _account_kernel(pf, kind, payload, rbytes, ts, pf_txsf, pf_rxsf, stats, e_pf
     return k, orphan
 
 
+@numba.njit(cache=True)
+def _keys_kernel(iface, kind, fam, qpn, sport, dport, src_hi, src_lo, dst_hi, dst_lo, keys, use):
+    """Packet-flow keys (iface, transport|qpn|ports, fam, src, dst) in one pass, and which
+    packets belong to a flow at all."""
+    for i in range(kind.shape[0]):
+        kd = kind[i]
+        use[i] = kd != D.K_SKIP and kd != D.K_ROCE_MAD
+        keys[i, 0] = np.uint64(iface[i])
+        if kd == D.K_TCP:
+            keys[i, 1] = np.uint64(_T_TCP) | (np.uint64(sport[i]) << np.uint64(16)) | np.uint64(dport[i])
+        else:
+            keys[i, 1] = np.uint64(_T_ROCE) | np.uint64(qpn[i])
+        keys[i, 2] = np.uint64(fam[i])
+        keys[i, 3] = src_hi[i]
+        keys[i, 4] = src_lo[i]
+        keys[i, 5] = dst_hi[i]
+        keys[i, 6] = dst_lo[i]
+
+
 _PF_STATS = 8  # data bytes, data packets, acks, naks, cnps, requests, retrans packets, retrans bytes
 
 
@@ -185,18 +204,11 @@ class CaptureBinner:
         kinds = np.bincount(d.kind.astype(np.int64), minlength=len(D.KIND_NAMES))[: len(D.KIND_NAMES)]
         self.kinds += kinds
         self.skip("roce_mad", int(kinds[D.K_ROCE_MAD]))
-        use = (d.kind != D.K_SKIP) & (d.kind != D.K_ROCE_MAD)
-        roce = d.kind != D.K_TCP
         keys = np.empty((n, 7), np.uint64)
-        keys[:, 0] = chunk.iface
-        keys[:, 1] = np.where(roce, np.uint64(_T_ROCE) | d.qpn.astype(np.uint64),
-                              np.uint64(_T_TCP) | (d.sport.astype(np.uint64) << np.uint64(16))
-                              | d.dport.astype(np.uint64))
-        keys[:, 2] = d.fam
-        keys[:, 3] = d.src_hi
-        keys[:, 4] = d.src_lo
-        keys[:, 5] = d.dst_hi
-        keys[:, 6] = d.dst_lo
+        use = np.empty(n, np.bool_)
+        _keys_kernel(np.ascontiguousarray(chunk.iface), d.kind, d.fam, d.qpn, d.sport, d.dport, d.src_hi,
+                     d.src_lo, d.dst_hi, d.dst_lo, keys, use)
+        roce = d.kind != D.K_TCP
         before = self.pflows.n
         pf = self.pflows.lookup(keys, use)
         if self.pflows.n > before:

@@ -13,6 +13,7 @@ import dataclasses
 
 import numba
 import numpy as np
+from pulse.nic.prefetch import prefetch
 
 # Packet kinds.
 K_SKIP = 0
@@ -97,115 +98,98 @@ def _be64u(b, o):
     return v
 
 
-@numba.njit(cache=True)
-def _bth(b, q, end, paylen, i, kind, qpn, payload, seq, opcode, op_cls, op_ext, counts):
-    """Decode a BTH at q; paylen = bytes from BTH start through ICRC."""
+# _bth and _decode_one are inlined into their callers and return scalars: as calls they
+# cost ~2x the whole decode, and array arguments of an inlined function cost reference
+# counting on every packet (~100 ns a packet with 20 arrays, measured).
+@numba.njit(cache=True, inline="always")
+def _bth(b, q, end, paylen, op_cls, op_ext):
+    """Decode a BTH at q; paylen = bytes from BTH start through ICRC. Returns (kind, dest
+    QPN, payload, PSN, opcode, skip reason D_* or -1)."""
     if q + 12 > end:
-        counts[D_SNAPLEN] += 1
-        return
+        return K_SKIP, 0, 0, 0, 0, D_SNAPLEN
     op = np.int64(b[q])
     pad = (np.int64(b[q + 1]) >> 4) & 3
     dqp = (np.int64(b[q + 5]) << 16) | (np.int64(b[q + 6]) << 8) | np.int64(b[q + 7])
-    qpn[i] = dqp
-    seq[i] = (np.int64(b[q + 9]) << 16) | (np.int64(b[q + 10]) << 8) | np.int64(b[q + 11])
-    opcode[i] = op
+    psn = (np.int64(b[q + 9]) << 16) | (np.int64(b[q + 10]) << 8) | np.int64(b[q + 11])
     if op == CNP_OPCODE:
-        kind[i] = K_ROCE_CNP
-        return
+        return K_ROCE_CNP, dqp, 0, psn, op, -1
     c = op_cls[op]
     if c == _C_BAD:
-        counts[D_ROCE_OPCODE] += 1
-        return
+        return K_SKIP, dqp, 0, psn, op, D_ROCE_OPCODE
     if dqp <= 1:
-        kind[i] = K_ROCE_MAD
-        return
+        return K_ROCE_MAD, dqp, 0, psn, op, -1
     pl = paylen - 12 - np.int64(op_ext[op]) - pad - 4
     if pl < 0:
-        counts[D_ROCE_LENGTH] += 1
-        return
+        return K_SKIP, dqp, 0, psn, op, D_ROCE_LENGTH
     if c == _C_ACK:
         if q + 13 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, dqp, 0, psn, op, D_SNAPLEN
         syn = np.int64(b[q + 12])
-        kind[i] = K_ROCE_NAK if (syn & 0x60) == 0x60 or (syn & 0x60) == 0x20 else K_ROCE_ACK
-        return
+        k = K_ROCE_NAK if (syn & 0x60) == 0x60 or (syn & 0x60) == 0x20 else K_ROCE_ACK
+        return k, dqp, 0, psn, op, -1
     if c == _C_REQ:
-        kind[i] = K_ROCE_REQUEST
-        return
-    payload[i] = pl
-    kind[i] = K_ROCE_DATA
+        return K_ROCE_REQUEST, dqp, 0, psn, op, -1
+    return K_ROCE_DATA, dqp, pl, psn, op, -1
 
 
-@numba.njit(cache=True)
-def _decode_one(b, i, p, end, wend, lt, op_cls, op_ext, kind, fam, src_hi, src_lo, dst_hi, dst_lo, qpn, sport, dport, payload, seq, opcode, counts):
+@numba.njit(cache=True, inline="always")
+def _decode_one(b, p, end, wend, lt, op_cls, op_ext):
     """Decode the packet whose link-layer header starts at p (captured bytes up to end,
-    wire bytes up to wend) into row i of the output columns."""
+    wire bytes up to wend). Returns (kind, fam, src_hi, src_lo, dst_hi, dst_lo, qpn, sport,
+    dport, payload, seq, opcode, skip reason D_* or -1); what a packet lacks is 0."""
     v4map = np.uint64(0xFFFF00000000)
-    kind[i] = K_SKIP
-    payload[i] = 0
-    qpn[i] = 0
-    sport[i] = 0
-    dport[i] = 0
+    z = np.uint64(0)
+    fam = 0
+    src_hi = z
+    src_lo = z
+    dst_hi = z
+    dst_lo = z
     et = -1          # ethertype of the layer-3 header at q
     q = p
     if lt == 1:
         if p + 14 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         et = _be16(b, p + 12)
         q = p + 14
     elif lt == 113:  # Linux cooked v1: protocol at 14
         if p + 16 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         et = _be16(b, p + 14)
         q = p + 16
     elif lt == 276:  # Linux cooked v2: protocol at 0
         if p + 20 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         et = _be16(b, p)
         q = p + 20
     elif lt == 101 or lt == 228 or lt == 229 or lt == 0 or lt == 108:
         if lt == 0 or lt == 108:
             q = p + 4
         if q + 1 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         ver = np.int64(b[q]) >> 4
         et = 0x0800 if ver == 4 else (0x86DD if ver == 6 else 0)
     elif lt == 247:  # InfiniBand: LRH (+GRH) + BTH
         if p + 8 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         lnh = np.int64(b[p + 1]) & 3
         pktlen = (_be16(b, p + 4) & 0x7FF) * 4
         if lnh == 2:
-            fam[i] = FAM_IB_LID
-            dst_hi[i] = 0
-            dst_lo[i] = np.uint64(_be16(b, p + 2))
-            src_hi[i] = 0
-            src_lo[i] = np.uint64(_be16(b, p + 6))
-            _bth(b, p + 8, end, pktlen - 8, i, kind, qpn, payload, seq, opcode,
-                 op_cls, op_ext, counts)
-        elif lnh == 3:
+            dst_lo = np.uint64(_be16(b, p + 2))
+            src_lo = np.uint64(_be16(b, p + 6))
+            kd, qp, pl, psn, op, why = _bth(b, p + 8, end, pktlen - 8, op_cls, op_ext)
+            return kd, FAM_IB_LID, src_hi, src_lo, dst_hi, dst_lo, qp, 0, 0, pl, psn, op, why
+        if lnh == 3:
             if p + 48 > end:
-                counts[D_SNAPLEN] += 1
-                return
-            fam[i] = FAM_IP6
-            src_hi[i] = _be64u(b, p + 16)
-            src_lo[i] = _be64u(b, p + 24)
-            dst_hi[i] = _be64u(b, p + 32)
-            dst_lo[i] = _be64u(b, p + 40)
-            _bth(b, p + 48, end, pktlen - 48, i, kind, qpn, payload, seq, opcode,
-                 op_cls, op_ext, counts)
-        else:
-            counts[D_IB_RAW] += 1
-        return
+                return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
+            src_hi = _be64u(b, p + 16)
+            src_lo = _be64u(b, p + 24)
+            dst_hi = _be64u(b, p + 32)
+            dst_lo = _be64u(b, p + 40)
+            kd, qp, pl, psn, op, why = _bth(b, p + 48, end, pktlen - 48, op_cls, op_ext)
+            return kd, FAM_IP6, src_hi, src_lo, dst_hi, dst_lo, qp, 0, 0, pl, psn, op, why
+        return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_IB_RAW
     else:
-        counts[D_LINKTYPE] += 1
-        return
+        return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_LINKTYPE
     # 802.1Q / 802.1ad / QinQ tags
     cut = False
     while et == 0x8100 or et == 0x88A8 or et == 0x9100:
@@ -215,64 +199,52 @@ def _decode_one(b, i, p, end, wend, lt, op_cls, op_ext, kind, fam, src_hi, src_l
         et = _be16(b, q + 2)
         q += 4
     if cut:
-        counts[D_SNAPLEN] += 1
-        return
+        return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
     if et == 0x8915:  # RoCE v1: GRH + BTH
         if q + 40 > end:
-            counts[D_SNAPLEN] += 1
-            return
-        fam[i] = FAM_IP6
-        src_hi[i] = _be64u(b, q + 8)
-        src_lo[i] = _be64u(b, q + 16)
-        dst_hi[i] = _be64u(b, q + 24)
-        dst_lo[i] = _be64u(b, q + 32)
-        _bth(b, q + 40, end, _be16(b, q + 4), i, kind, qpn, payload, seq, opcode,
-             op_cls, op_ext, counts)
-        return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
+        src_hi = _be64u(b, q + 8)
+        src_lo = _be64u(b, q + 16)
+        dst_hi = _be64u(b, q + 24)
+        dst_lo = _be64u(b, q + 32)
+        kd, qp, pl, psn, op, why = _bth(b, q + 40, end, _be16(b, q + 4), op_cls, op_ext)
+        return kd, FAM_IP6, src_hi, src_lo, dst_hi, dst_lo, qp, 0, 0, pl, psn, op, why
     proto = -1
     l4 = 0
     l4len = 0
     if et == 0x0800:
         if q + 20 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         if (np.int64(b[q]) >> 4) != 4:
-            counts[D_MALFORMED] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
         ihl = (np.int64(b[q]) & 15) * 4
         total = _be16(b, q + 2)
         if total == 0:  # TSO/BIG TCP super-packet: length from the wire
             total = wend - q
         if ihl < 20 or total < ihl:
-            counts[D_MALFORMED] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
         if (_be16(b, q + 6) & 0x3FFF) != 0:
-            counts[D_FRAGMENT] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_FRAGMENT
         proto = np.int64(b[q + 9])
-        fam[i] = FAM_IP4
-        src_hi[i] = 0
-        src_lo[i] = v4map | np.uint64(_be32(b, q + 12))
-        dst_hi[i] = 0
-        dst_lo[i] = v4map | np.uint64(_be32(b, q + 16))
+        fam = FAM_IP4
+        src_lo = v4map | np.uint64(_be32(b, q + 12))
+        dst_lo = v4map | np.uint64(_be32(b, q + 16))
         l4 = q + ihl
         l4len = total - ihl
     elif et == 0x86DD:
         if q + 40 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         if (np.int64(b[q]) >> 4) != 6:
-            counts[D_MALFORMED] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
         plen = _be16(b, q + 4)
         if plen == 0:  # jumbogram / BIG TCP
             plen = wend - q - 40
         nh = np.int64(b[q + 6])
-        fam[i] = FAM_IP6
-        src_hi[i] = _be64u(b, q + 8)
-        src_lo[i] = _be64u(b, q + 16)
-        dst_hi[i] = _be64u(b, q + 24)
-        dst_lo[i] = _be64u(b, q + 32)
+        fam = FAM_IP6
+        src_hi = _be64u(b, q + 8)
+        src_lo = _be64u(b, q + 16)
+        dst_hi = _be64u(b, q + 24)
+        dst_lo = _be64u(b, q + 32)
         l4 = q + 40
         l4len = plen
         bad = 0
@@ -293,53 +265,37 @@ def _decode_one(b, i, p, end, wend, lt, op_cls, op_ext, kind, fam, src_hi, src_l
             l4 += hl
             l4len -= hl
         if bad == 1:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         if bad == 2:
-            counts[D_FRAGMENT] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_FRAGMENT
         if bad == 3 or l4len < 0:
-            counts[D_MALFORMED] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
         proto = nh
     else:
-        counts[D_NON_IP] += 1
-        return
+        return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_NON_IP
     if proto == 17:
         if l4 + 8 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         sp = _be16(b, l4)
         dp = _be16(b, l4 + 2)
         if dp != ROCEV2_PORT:
-            counts[D_OTHER_PROTO] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_OTHER_PROTO
         ulen = _be16(b, l4 + 4)
         if ulen == 0 or ulen > l4len:  # 0: IPv6 jumbogram; never trust more than IP says
             ulen = l4len
         if ulen < 8:
-            counts[D_MALFORMED] += 1
-            return
-        sport[i] = sp
-        dport[i] = dp
-        _bth(b, l4 + 8, end, ulen - 8, i, kind, qpn, payload, seq, opcode,
-             op_cls, op_ext, counts)
-    elif proto == 6:
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
+        kd, qp, pl, psn, op, why = _bth(b, l4 + 8, end, ulen - 8, op_cls, op_ext)
+        return kd, fam, src_hi, src_lo, dst_hi, dst_lo, qp, sp, dp, pl, psn, op, why
+    if proto == 6:
         if l4 + 14 > end:
-            counts[D_SNAPLEN] += 1
-            return
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_SNAPLEN
         doff = (np.int64(b[l4 + 12]) >> 4) * 4
         if doff < 20 or doff > l4len:
-            counts[D_MALFORMED] += 1
-            return
-        sport[i] = _be16(b, l4)
-        dport[i] = _be16(b, l4 + 2)
-        seq[i] = _be32(b, l4 + 4)
-        opcode[i] = b[l4 + 13]  # TCP flags
-        payload[i] = l4len - doff
-        kind[i] = K_TCP
-    else:
-        counts[D_OTHER_PROTO] += 1
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
+        return (K_TCP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, _be16(b, l4), _be16(b, l4 + 2),
+                l4len - doff, _be32(b, l4 + 4), np.int64(b[l4 + 13]), -1)  # opcode column: TCP flags
+    return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_OTHER_PROTO
 
 
 @numba.njit(cache=True)
@@ -348,9 +304,22 @@ def _decode_kernel(b, offset, caplen, wirelen, iface, if_linktype, op_cls, op_ex
                    payload, seq, opcode, counts):
     for i in range(offset.shape[0]):
         p = offset[i]
-        _decode_one(b, i, p, p + np.int64(caplen[i]), p + np.int64(wirelen[i]), if_linktype[iface[i]],
-                    op_cls, op_ext, kind, fam, src_hi, src_lo, dst_hi, dst_lo, qpn, sport, dport,
-                    payload, seq, opcode, counts)
+        r = _decode_one(b, p, p + np.int64(caplen[i]), p + np.int64(wirelen[i]), if_linktype[iface[i]],
+                        op_cls, op_ext)
+        kind[i] = r[0]
+        fam[i] = r[1]
+        src_hi[i] = r[2]
+        src_lo[i] = r[3]
+        dst_hi[i] = r[4]
+        dst_lo[i] = r[5]
+        qpn[i] = r[6]
+        sport[i] = r[7]
+        dport[i] = r[8]
+        payload[i] = r[9]
+        seq[i] = r[10]
+        opcode[i] = r[11]
+        if r[12] >= 0:
+            counts[r[12]] += 1
 
 
 @dataclasses.dataclass
@@ -387,11 +356,11 @@ def decode_packets(buf: np.ndarray, offset: np.ndarray, caplen: np.ndarray, wire
     return d
 
 
-PREFETCH_BYTES = 1 << 20  # read ahead sequentially in 1 MiB blocks (~10% faster walk, measured)
+PREFETCH_RECORDS = 16  # prefetch distance in records (measured best of 4..32 on 1 KiB records)
 
 
 @numba.njit(cache=True)
-def _pcap_fused_kernel(buf, pos, swap, nano, lt, maxk, ahead_bytes, op_cls, op_ext, ts_ns,
+def _pcap_fused_kernel(buf, pos, swap, nano, lt, maxk, ahead, op_cls, op_ext, ts_ns,
                        kind, fam, src_hi, src_lo, dst_hi, dst_lo, qpn, sport, dport,
                        payload, seq, opcode, counts, read_counts):
     """Walk classic pcap records from ``pos`` and decode each packet while its bytes are
@@ -401,19 +370,23 @@ def _pcap_fused_kernel(buf, pos, swap, nano, lt, maxk, ahead_bytes, op_cls, op_e
     frac_lim = 1_000_000_000 if nano else 1_000_000
     mul = 1 if nano else 1000
     k = 0
-    ahead = 0
-    touched = pos
+    # The record walk is pointer chasing (each header says where the next one is), so it
+    # waits on every cache miss. Guess where the record ``ahead`` records on starts -- as
+    # far on as the last ``ahead`` records reached -- and ask for its header early; a
+    # wrong guess only wastes a line fetch.
+    na = max(ahead, 1)
+    ring = np.zeros(na, np.int64)
     while pos < n:
         if k >= maxk:
             return k, pos, False
-        if pos >= touched and ahead_bytes > 0:
-            # The record walk is pointer chasing (each header says where the next one is),
-            # so it waits on every miss; stream the next block in with sequential loads
-            # first, which the hardware prefetcher handles well.
-            stop = min(n, touched + ahead_bytes)
-            for q in range(touched, stop, 64):
-                ahead += buf[q]
-            touched = stop
+        if ahead > 0:
+            r = k % na
+            g = 2 * pos - ring[r]
+            ring[r] = pos
+            if k >= na and g + 128 <= n:
+                prefetch(buf, g)         # three lines: every byte of [g, g + 128)
+                prefetch(buf, g + 64)
+                prefetch(buf, g + 127)
         if pos + 16 > n:
             read_counts[0] += 1   # R_TRUNCATED_RECORD
             return k, n, True
@@ -439,11 +412,23 @@ def _pcap_fused_kernel(buf, pos, swap, nano, lt, maxk, ahead_bytes, op_cls, op_e
             continue
         ts_ns[k] = sec * 1_000_000_000 + frac * mul
         p = pos + 16
-        _decode_one(buf, k, p, p + cl, p + (wl if wl >= cl else cl), lt, op_cls, op_ext, kind, fam,
-                    src_hi, src_lo, dst_hi, dst_lo, qpn, sport, dport, payload, seq, opcode, counts)
+        r = _decode_one(buf, p, p + cl, p + (wl if wl >= cl else cl), lt, op_cls, op_ext)
+        kind[k] = r[0]
+        fam[k] = r[1]
+        src_hi[k] = r[2]
+        src_lo[k] = r[3]
+        dst_hi[k] = r[4]
+        dst_lo[k] = r[5]
+        qpn[k] = r[6]
+        sport[k] = r[7]
+        dport[k] = r[8]
+        payload[k] = r[9]
+        seq[k] = r[10]
+        opcode[k] = r[11]
+        if r[12] >= 0:
+            counts[r[12]] += 1
         k += 1
         pos += 16 + cl
-    read_counts[-1] += ahead & 1  # keeps the prefetch loads alive; slot is scratch
     return k, pos, True
 
 
@@ -465,13 +450,14 @@ def empty_decoded(n: int) -> Decoded:
 
 
 def iter_pcap_decoded(buf: np.ndarray, *, swap: bool, nano: bool, linktype: int, read_counts: np.ndarray,
-                      chunk: int = 1 << 20):
-    """Yield (ts_ns, Decoded, bytes read) chunks of a classic pcap held in ``buf`` (header at 0)."""
+                      chunk: int = 1 << 20, ahead: int = PREFETCH_RECORDS):
+    """Yield (ts_ns, Decoded, bytes read) chunks of a classic pcap held in ``buf`` (header at 0).
+    ``ahead``: prefetch distance in records (0: none); results do not depend on it."""
     pos = 24
     while True:
         ts = np.empty(chunk, np.int64)
         d = empty_decoded(chunk)
-        k, pos, done = _pcap_fused_kernel(buf, pos, swap, nano, linktype, chunk, PREFETCH_BYTES, OP_CLASS, OP_EXT, ts,
+        k, pos, done = _pcap_fused_kernel(buf, pos, swap, nano, linktype, chunk, ahead, OP_CLASS, OP_EXT, ts,
                                           d.kind, d.fam, d.src_hi, d.src_lo, d.dst_hi, d.dst_lo, d.qpn,
                                           d.sport, d.dport, d.payload, d.seq, d.opcode, d.skipped,
                                           read_counts)

@@ -223,3 +223,42 @@ def test_fuzz_fused_pcap_path_equals_index_then_decode(data):
         assert sum((c[2].skipped for c in chunks), np.zeros_like(ref.skipped)).tolist() == ref.skipped.tolist()
     finally:
         os.unlink(name)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_fused_pcap_prefetch_distance_changes_nothing(data):
+    """The prefetching walk (guessed record positions, mixed record lengths, a cut last
+    record, records too short for their headers) gives exactly index + decode, whatever
+    the prefetch distance."""
+    import io
+    import struct
+
+    from pulse.nic.decode import decode_packets, iter_pcap_decoded
+
+    rng = random.Random(data.draw(st.integers(0, 2**32)))
+    n = data.draw(st.integers(0, 200))
+    out = io.BytesIO()
+    out.write(struct.pack("<IHHiIII", 0xA1B23C4D, 2, 4, 0, 0, 65535, 1))
+    t = T0
+    for _ in range(n):
+        t += rng.randint(0, 40_000)
+        f = roce_frame("10.0.0.1", "10.0.0.2", rng.choice([0x0A, 0x11, 0x06]), 0x11,
+                       rng.choice([0, 8, 256, 1024, 1024, 1024, 4000]))
+        cut = rng.choice([len(f), len(f), len(f), rng.randint(0, len(f))])
+        out.write(struct.pack("<IIII", t // 10**9, t % 10**9, cut, len(f)) + f[:cut])
+    blob = out.getvalue()
+    blob = blob[:data.draw(st.integers(24, len(blob)))]
+    buf = np.frombuffer(blob, np.uint8)
+    ix = read_buffer(buf)
+    ref = decode_packets(ix.data, ix.offset, ix.caplen, ix.wirelen, ix.iface, ix.if_linktype)
+    for ahead in (0, 1, 3, 16, 64):
+        counts = np.zeros(9, np.int64)
+        chunks = list(iter_pcap_decoded(buf, swap=False, nano=True, linktype=1, read_counts=counts,
+                                        chunk=data.draw(st.sampled_from([7, 64, 1 << 20])), ahead=ahead))
+        ts = np.concatenate([c[0] for c in chunks]) if chunks else np.zeros(0, np.int64)
+        assert ts.tolist() == ix.ts_ns.tolist()
+        for col in ("kind", "fam", "src_lo", "dst_lo", "qpn", "sport", "dport", "payload", "seq", "opcode"):
+            got = np.concatenate([getattr(c[1], col) for c in chunks]) if chunks else np.zeros(0)
+            assert got.tolist() == getattr(ref, col).tolist(), (ahead, col)
+        assert counts[:8].tolist() == ix.skipped.tolist()
