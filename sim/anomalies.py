@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from pulse.sim.engine import Anomaly
+from pulse.sim.engine import BURST_BLOCK_NS, BURST_LEFT, Anomaly
 from pulse.sim.workload import Job, rail
 
 
@@ -53,8 +53,10 @@ def build_anomaly(job: Job, rng: np.random.Generator, onset_ns: int, t_limit_ns:
         an.nic_rx_f[node * K:(node + 1) * K] = sev
         return an, Culprit([node], all_gpus, all_nics, {"bandwidth_factor": sev})
     if name == "congestion":
+        # incast bursts from other tenants into the node's downlinks (every rail); while one
+        # is on, the switch port serves our traffic 1/8 of the time
         an.nic_burst[node * K:(node + 1) * K] = sev
-        return an, Culprit([node], all_gpus, all_nics, {"burst_share": sev, "burst_block_ns": 20_000})
+        return an, Culprit([node], all_gpus, all_nics, _burst_detail(sev))
     if name == "gpu-slow":
         g = int(rng.integers(G))
         # tensor parallelism inside the node synchronises its GPUs every layer: the node
@@ -78,30 +80,29 @@ def build_anomaly(job: Job, rng: np.random.Generator, onset_ns: int, t_limit_ns:
         stage, d = divmod(node, dp)
         other = stage * dp + (d + 1) % dp
         a, b = sorted((node, other))
-        # one path per rail and direction; its connections share what the congestion leaves
+        # one path per rail and direction; background traffic on it leaves s x one NIC's line
+        # rate to all of our connections on it. In a healthy ring they fill the whole NIC, so
+        # even the mild end (0.5) halves A<->B's rate
         hit = ((job.conn_src_node == a) & (job.conn_dst_node == b)) | ((job.conn_src_node == b) & (job.conn_dst_node == a))
         keys = job.conn_src_nic[hit] * (N * K) + job.conn_dst_nic[hit]
         uniq, grp = np.unique(keys, return_inverse=True)
         an.conn_grp[hit] = grp
         an.grp_cap = np.full(len(uniq), sev)
-        an.grp_bursty = np.zeros(len(uniq), dtype=np.bool_)
         return an, Culprit([a, b], [(a, g) for g in range(G)] + [(b, g) for g in range(G)],
                            [(a, j) for j in range(K)] + [(b, j) for j in range(K)], {"capacity_factor": sev})
     if name == "switch-congestion":
         leaf = int(rng.integers(N // 2))
         a, b = 2 * leaf, 2 * leaf + 1
-        # the leaf's uplinks of each rail (non-blocking: two NICs' worth per direction) lose
-        # share s to background bursts; our connections leaving / entering the leaf share the rest
-        ins = np.isin(job.conn_src_node, (a, b))
-        ind = np.isin(job.conn_dst_node, (a, b))
-        cross = ins != ind
-        rail_of = np.where(ins, job.conn_src_nic % K, job.conn_dst_nic % K)
-        keys = rail_of[cross] * 2 + ins[cross].astype(np.int64)
-        uniq, grp = np.unique(keys, return_inverse=True)
-        an.conn_grp[cross] = grp
-        an.grp_cap = np.full(len(uniq), 2.0 * (1.0 - sev))
-        an.grp_bursty = np.ones(len(uniq), dtype=np.bool_)
+        # background incast through the leaf into the downlinks of both its nodes (every rail):
+        # it contends with our traffic into a and b, wherever that traffic comes from
+        an.nic_burst[a * K:(a + 1) * K] = sev
+        an.nic_burst[b * K:(b + 1) * K] = sev
         return an, Culprit([a, b], [(a, g) for g in range(G)] + [(b, g) for g in range(G)],
                            [(a, j) for j in range(K)] + [(b, j) for j in range(K)],
-                           {"burst_share": sev, "leaf_nodes": 2})
+                           {**_burst_detail(sev), "leaf_nodes": 2})
     raise AssertionError(name)
+
+
+def _burst_detail(duty: float) -> dict:
+    return {"burst_duty": duty, "burst_block_ns": BURST_BLOCK_NS, "share_left_in_burst": BURST_LEFT,
+            "mean_capacity_left": 1.0 - duty * (1.0 - BURST_LEFT)}

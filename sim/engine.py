@@ -29,6 +29,9 @@ CTS_BYTES = 64
 MTU = 4096
 JITTER_BLOCK_NS = 100_000
 BURST_BLOCK_NS = 20_000
+BURST_LEFT = 1.0 / 8.0
+"""Share of a downlink our traffic keeps during a background burst: the burst is an incast
+from 7 other ingress ports and the switch serves its ingress ports round-robin."""
 NIC_JITTER = 0.03
 
 _K1 = np.uint64(0x9E3779B97F4A7C15)
@@ -109,6 +112,16 @@ def _rec(q, t, tx, rx, qnode, off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, ot
     qrx[q] += rx
 
 
+@numba.njit(cache=True, inline="always")
+def _link_up(t, onset, period, down, flap):
+    # a control message cannot cross a link that is down: it goes when the link is back
+    if flap and t >= onset:
+        ph = (t - onset) % period
+        if ph < down:
+            return t - ph + down
+    return t
+
+
 @numba.njit(cache=True)
 def _flush(qcur, qtx, qrx, oq, oe, otx, orx, st):
     for q in range(qcur.shape[0]):
@@ -131,7 +144,7 @@ def _kernel(t_stop, st, rng, P, FP,
             group_lo, group_hi, group_parts, prog_lo, prog_hi, instr_type, instr_arg, instr_jit,
             ch_conn, ch_bytes, ch_sp, ch_rp, ch_dep, ch_fwd, ch_credit, ch_arrive_consume, ch_grants, ch_seg,
             # anomaly
-            nic_tx_f, nic_rx_f, nic_loss, nic_flap, nic_burst, conn_grp, grp_cap, grp_bursty, node_cf, node_hang,
+            nic_tx_f, nic_rx_f, nic_loss, nic_flap, nic_burst, conn_grp, grp_cap, node_cf, node_hang,
             node_cpu, node_off,
             # dynamic
             node_pc, node_busy, part_issue, part_start, part_end, part_left, pend,
@@ -237,8 +250,9 @@ def _kernel(t_stop, st, rng, P, FP,
                 for j in range(cts_lo[p], cts_hi[p]):
                     c = cts_conn[j]
                     b = CTS_BYTES * cts_count[j]
-                    _rec(2 * c + 1, t, b, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
-                    _rec(2 * c, t, 0, b, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
+                    tc = _link_up(t, onset, flap_period, flap_down, nic_flap[conn_src_nic[c]] or nic_flap[conn_dst_nic[c]])
+                    _rec(2 * c + 1, tc, b, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
+                    _rec(2 * c, tc, 0, b, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
                 if part_left[p] == 0:
                     part_end[p] = t
             else:
@@ -294,9 +308,11 @@ def _kernel(t_stop, st, rng, P, FP,
                     ch_cons[fw] = cons
                     if ch_grants[fw]:
                         dc = ch_conn[fw]
-                        _rec(2 * dc + 1, t, CTS_BYTES, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
+                        tc = _link_up(t, onset, flap_period, flap_down,
+                                      nic_flap[conn_src_nic[dc]] or nic_flap[conn_dst_nic[dc]])
+                        _rec(2 * dc + 1, tc, CTS_BYTES, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
                              oq, oe, otx, orx, st)
-                        _rec(2 * dc, t, 0, CTS_BYTES, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
+                        _rec(2 * dc, tc, 0, CTS_BYTES, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
                              oq, oe, otx, orx, st)
         # 4. fair share of NIC capacity
         for k2 in range(n_nic):
@@ -326,14 +342,14 @@ def _kernel(t_stop, st, rng, P, FP,
                 if after:
                     tc *= nic_tx_f[k2]
                     rc *= nic_rx_f[k2]
-                    if nic_burst[k2] > 0.0 and _hash01(seed + 1, k2, bb) < 0.5:
-                        rc *= 1.0 - nic_burst[k2]
+                    if nic_burst[k2] > 0.0 and _hash01(seed + 1, k2, bb) < nic_burst[k2]:
+                        rc *= BURST_LEFT
                     if nic_flap[k2] and (t - onset) % flap_period < flap_down:
                         tc = 0.0
                         rc = 0.0
                 txcap[k2] = tc
                 rxcap[k2] = rc
-            # shared constraints of a path or a leaf uplink (background traffic leaves
+            # shared constraint of a congested path (background traffic leaves
             # grp_cap x NIC capacity to all of our connections crossing it)
             if after and n_grp > 0:
                 for g in range(n_grp):
@@ -348,7 +364,7 @@ def _kernel(t_stop, st, rng, P, FP,
                 d = conn_dst_nic[c]
                 ccap = base_cap
                 g = conn_grp[c]
-                if after and g >= 0 and (not grp_bursty[g] or _hash01(seed + 2, g, bb) < 0.5):
+                if after and g >= 0:
                     ccap = base_cap * grp_cap[g] / gcnt[g]
                 crate[a] = ccap
                 r = min(txcap[s] / ntx[s], rxcap[d] / nrx[d], ccap)
@@ -487,12 +503,11 @@ class Anomaly:
     nic_loss: np.ndarray
     nic_flap: np.ndarray
     nic_burst: np.ndarray
+    """Fraction of 20 µs blocks in which a background burst shares the NIC's downlink."""
     conn_grp: np.ndarray
     """Shared-capacity group of each connection (-1: none)."""
     grp_cap: np.ndarray
     """Capacity left to our traffic in a group, as a fraction of one NIC's."""
-    grp_bursty: np.ndarray
-    """True: the group's limit holds only during background bursts (50 % of 20 µs blocks)."""
     node_cf: np.ndarray
     node_hang: np.ndarray
     node_cpu: np.ndarray
@@ -509,8 +524,7 @@ class Anomaly:
         return cls(onset_ns=onset_ns, t_limit_ns=t_limit_ns,
                    nic_tx_f=np.ones(n_nic), nic_rx_f=np.ones(n_nic), nic_loss=np.zeros(n_nic),
                    nic_flap=np.zeros(n_nic, dtype=np.bool_), nic_burst=np.zeros(n_nic),
-                   conn_grp=np.full(C, -1, dtype=np.int64), grp_cap=np.zeros(0),
-                   grp_bursty=np.zeros(0, dtype=np.bool_), node_cf=np.ones(cfg.nodes),
+                   conn_grp=np.full(C, -1, dtype=np.int64), grp_cap=np.zeros(0), node_cf=np.ones(cfg.nodes),
                    node_hang=np.zeros(cfg.nodes, dtype=np.bool_), node_cpu=np.zeros(cfg.nodes, dtype=np.bool_))
 
 
@@ -614,7 +628,7 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
                 job.instr_type, job.instr_arg, job.instr_jit,
                 job.ch_conn, job.ch_bytes, job.ch_sp, job.ch_rp, job.ch_dep, job.ch_fwd, job.ch_credit,
                 job.ch_arrive_consume, job.ch_grants, job.ch_seg,
-                an.nic_tx_f, an.nic_rx_f, an.nic_loss, an.nic_flap, an.nic_burst, an.conn_grp, an.grp_cap, an.grp_bursty,
+                an.nic_tx_f, an.nic_rx_f, an.nic_loss, an.nic_flap, an.nic_burst, an.conn_grp, an.grp_cap,
                 an.node_cf, an.node_hang, an.node_cpu, node_off,
                 node_pc, node_busy, part_issue, part_start, part_end, part_left, pend,
                 conn_next, conn_txhead, conn_prog, conn_debt, conn_carry, conn_wait,

@@ -45,7 +45,7 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario("pcie-slow", "GPU<->NIC PCIe bandwidth of one node reduced (all its NICs)", "network-slow",
              "node", (0.2, 0.6), "remaining fraction of the NICs' usable bandwidth"),
     Scenario("congestion", "background bursts into one node's downlinks", "network-slow", "node",
-             (0.5, 0.9), "share of the downlink the background takes during a burst"),
+             (0.5, 0.9), "fraction of 20 us blocks with a background incast burst on the downlinks"),
     Scenario("gpu-slow", "one GPU's compute slower", "compute-slow", "node", (1.2, 1.5),
              "compute time multiplier"),
     Scenario("gpu-hang", "one rank stops issuing operators", "compute-stop", "node", None),
@@ -55,9 +55,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              "node", (0.25, 0.5), "remaining fraction of the NIC's capacity", workload="moe",
              workloads=("moe",)),
     Scenario("path-slow", "one inter-node path (A<->B only) congested", "path", "group", (0.2, 0.5),
-             "remaining fraction of the path's capacity"),
-    Scenario("switch-congestion", "the uplinks of one leaf switch (two nodes) congested", "path", "group",
-             (0.5, 0.9), "share of the leaf uplinks background bursts take"),
+             "remaining fraction of the path's capacity, in NIC line rates per rail and direction, shared by "
+             "all of A<->B's connections"),
+    Scenario("switch-congestion", "background incast through one leaf switch into its two nodes' downlinks", "path", "group",
+             (0.5, 0.9), "fraction of 20 us blocks with a background incast burst on both nodes' downlinks"),
 )}
 
 
