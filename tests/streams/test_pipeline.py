@@ -97,7 +97,8 @@ def test_compute_slow_verdicts_and_victoria(broker, victoria, sim_trace, tmp_pat
     deadline = time.monotonic() + 20
     series: list[dict] = []
     while time.monotonic() < deadline and not series:
-        q = urllib.parse.urlencode({"match[]": '{__name__="pulse_verdict_confidence"}'})
+        # Only this job's series: the VictoriaMetrics fixture is shared by the session.
+        q = urllib.parse.urlencode({"match[]": '{__name__="pulse_verdict_confidence",job="job-gpu-slow"}'})
         with urllib.request.urlopen(f"{victoria}/api/v1/export?{q}", timeout=10) as resp:
             series = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
         time.sleep(0.5)
