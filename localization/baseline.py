@@ -10,14 +10,22 @@ Its rules, each the best such tools use:
 2. **Latest starter** (HTA / Greyhound straggler rule): the rank that persistently enters
    operators last, by more than the clock-offset bound, is a compute straggler.
 3. **Longest operator**: a rank whose own operator duration is persistently the longest,
-   without having started earliest (which would only mean it waited), is network-slow.
+   without having started before the median rank (which would only mean it waited), is
+   network-slow.
 4. **Slow collective, no rank stands out** (Holmes-like cross-iteration analysis): when a
    communicator's operator durations rise persistently above their own early baseline,
    blame the nodes common to every slowed communicator: one node if the intersection is a
    single node, else the group.
 
 Start times are compared across nodes here (that is what operator-level tools do), but
-only with margins well above the +-100 us clock offset.
+only with margins well above the +-100 us clock offset: the latest-starter margin is
+Pulse's own ``late_min_ns`` (5 ms; healthy compute jitter makes ranks start up to ~2 ms
+apart, so a tighter margin alarms on every healthy run).
+
+Thresholds are Pulse's own (``LocalizeParams``): a duration is long at ``act_ratio`` (1.3x)
+the reference, a starter late at ``late_min_ns``, persistence ``persist_ops`` of
+``window_ops`` - the same margins Pulse gets, so the comparison is of information, not of
+tuning.
 """
 
 from __future__ import annotations
@@ -33,12 +41,9 @@ from pulse.records import OpLevel, Verdict
 
 from .params import LocalizeParams
 
-LATE_MIN_NS = 500_000
-"""Lateness needed to call a starter late: 5x the clock-offset bound."""
-DUR_RATIO = 1.15
-"""A duration this much above its peers' (or its communicator's baseline) is slow."""
-BASELINE_OPS = 6
-"""Operators of a (comm, kind, size) class that form its own baseline duration."""
+BASELINE_OPS = 16
+"""Operators of a (comm, kind) class that form its own baseline duration (several steps:
+pipeline sends alternate forward and backward sizes, gradient buckets differ)."""
 
 
 def baseline_localize(oplevel_records: Iterable[OpLevel], params: LocalizeParams | None = None,
@@ -101,15 +106,19 @@ def baseline_localize(oplevel_records: Iterable[OpLevel], params: LocalizeParams
         late_here = False
         if len(ranks) >= 3:
             i = int(np.argmax(start))
-            late_here = start[i] - float(np.median(np.delete(start, i))) >= max(LATE_MIN_NS, 0.1 * med)
+            late_here = start[i] - float(np.median(np.delete(start, i))) >= max(p.late_min_ns, 0.1 * med)
         # Rule 4: the communicator's own history (a late starter explains long durations:
-        # its peers waited for it).
+        # its peers waited for it). Not for two-rank point-to-point operators: their
+        # duration is mostly the wait for the partner to post its receive, which the
+        # pipeline schedule varies by far more than any threshold.
         cls = (comm, recs[ranks[0]].kind)
         base = class_base[cls]
-        if len(base) < BASELINE_OPS:
+        if len(ranks) < max(p.min_ranks, 3):
+            pass
+        elif len(base) < BASELINE_OPS:
             base.append(med)
         else:
-            slow = med >= DUR_RATIO * float(np.median(base)) and not late_here
+            slow = med >= p.act_ratio * float(np.median(base)) and not late_here
             slow_win[comm].append(slow)
             if slow:
                 slow_first.setdefault(comm, int(start.min()))
@@ -128,8 +137,8 @@ def baseline_localize(oplevel_records: Iterable[OpLevel], params: LocalizeParams
         late = start[i] - float(np.median(np.delete(start, i)))
         node = recs[ranks[i]].node
         for n in set(members[comm].values()):
-            late_win[n].append(n == node and late >= max(LATE_MIN_NS, 0.1 * med))
-        if late >= LATE_MIN_NS:
+            late_win[n].append(n == node and late >= max(p.late_min_ns, 0.1 * med))
+        if late >= p.late_min_ns:
             late_first.setdefault(node, int(start[i]))
         w = late_win[node]
         if sum(w) >= p.persist_ops and sum(w) >= p.persist_frac * len(w):
@@ -139,7 +148,10 @@ def baseline_localize(oplevel_records: Iterable[OpLevel], params: LocalizeParams
         # Rule 3: longest operator that did not start first.
         j = int(np.argmax(dur))
         others = np.delete(dur, j)
-        longest = dur[j] >= DUR_RATIO * float(np.median(others)) and j != int(np.argmin(start))
+        # a rank that started before the median waited for the others: that is not slowness
+        # (starts within twice the clock-offset bound of the median count as on time)
+        on_time = start[j] >= float(np.median(start)) - p.late_min_ns / 25
+        longest = dur[j] >= p.act_ratio * float(np.median(others)) and on_time
         lnode = recs[ranks[j]].node
         for n in set(members[comm].values()):
             long_win[n].append(n == lnode and longest)

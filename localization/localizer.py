@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from pulse.events import P2P, HookEvent, OpEvent
+from pulse.events import GROUPED, P2P, HookEvent, OpEvent
 from pulse.records import OpMetrics, Verdict
 
 from .params import LocalizeParams
@@ -96,6 +96,10 @@ class Localizer:
         self._since_healthy = 0
         self._any_alarm = False
         self._last_end_ns = 0
+        self._n_slow = 0
+        """Slow observations inside the link windows (no slow link, no network hypothesis)."""
+        self._n_late = 0
+        """Late findings inside the lateness windows."""
 
     # -- input ------------------------------------------------------------------------------
 
@@ -191,23 +195,37 @@ class Localizer:
             peer_eps.append(tuple(sorted(e for e in eps if _node(e) not in (r.node, "?"))))
         view = OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps,
                       [self._stalled(r) for r in ordered])
-        cls = (ordered[0].kind, ordered[0].expected_bytes, ordered[0].nranks)
+        grouped = ordered[0].kind == GROUPED
+        # GroupP2P volumes differ per operator (expert imbalance): its job-wide reference
+        # is the rank-level rate of all grouped operators of that size (the median)
+        cls = (ordered[0].kind, 0 if grouped else ordered[0].expected_bytes, ordered[0].nranks)
         ref = self._act_ref[cls]
-        act_ref = float(np.percentile(ref.array(), 25)) if len(ref) >= self.p.ref_min else None
+        act_ref = None
+        if len(ref) >= self.p.ref_min:
+            act_ref = float(np.percentile(ref.array(), 50 if grouped else 25))
         j = judge(view, self.p, act_ref)
         if all(r.complete for r in ordered):
-            ref.extend(np.array([r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64))
+            ref.extend(np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0],
+                                dtype=np.float64))
         self._closed_ops += 1
         self._since_healthy += 1
         self._last_end_ns = max(self._last_end_ns, max(r.end_ns for r in ordered))
 
         for lk in j.links:
-            self._links[(lk.src, lk.dst)].append(lk)
+            win = self._links[(lk.src, lk.dst)]
+            if len(win) == win.maxlen and win[0].slow:
+                self._n_slow -= 1
+            win.append(lk)
+            self._n_slow += lk.slow
         late = {f.rank: f for f in j.findings if f.kind == LATE}
         if len(ordered) >= self.p.min_ranks and j.judged:
             for i in j.judged:
                 r = ordered[i]
-                self._late[(r.node, comm)].append(late.get(r.rank))
+                lw = self._late[(r.node, comm)]
+                if len(lw) == lw.maxlen and lw[0] is not None:
+                    self._n_late -= 1
+                lw.append(late.get(r.rank))
+                self._n_late += r.rank in late
         for node, w in j.waits:
             self._waits[node].append(w)
             self._all_waits.append(w)
@@ -260,16 +278,27 @@ class Localizer:
             return {}
         # Each stalled record implicates its node and the peers it could not finish
         # sending to; the node on the most stalled links is where the traffic stopped.
-        sets = [({f.node} | {_node(e) for e in f.peer_eps}) for f in self._stalls]
+        # Only the first stalls say where the traffic stopped: a stop hangs the job, and
+        # the operators that stall afterwards (peers no longer posting receives, whole
+        # pipeline stages waiting) implicate the victims. "First" spans stall_first_ns,
+        # well above the clock offset, so no decision hangs on sub-offset timing.
+        t0 = min(f.end_ns for f in self._stalls)
+        first = [f for f in self._stalls if f.end_ns <= t0 + self.p.stall_first_ns]
+        sets = [({f.node} | {_node(e) for e in f.peer_eps}) for f in first]
         hits = Counter(n for s in sets for n in s)
-        ranked = hits.most_common()
+        # ties between a sender and its receiver: the node that sent the least (its own
+        # stalled records, nearly empty) is where the traffic stopped
+        sent = Counter(f.node for f in first if f.value <= self.p.stop_frac)
+        ranked = sorted(hits.items(), key=lambda kv: (-kv[1], -sent.get(kv[0], 0), kv[0]))
         best, nb = ranked[0]
-        second = ranked[1][1] if len(ranked) > 1 else 0
-        if nb > second:
-            own = [f for f in self._stalls if f.node == best] or self._stalls
+        tied = [n for n, c in ranked if c == nb]
+        if len(tied) > 1 and sent.get(best, 0) > max(sent.get(n, 0) for n in tied[1:]):
+            tied = [best]
+        if len(tied) == 1:
+            own = [f for f in first if f.node == best] or first
             return {("network-stop", (best,)): self._incident("network-stop", "node", (best,), own)}
-        grp = tuple(sorted(n for n, c in ranked if c == nb))
-        return {("network-stop", grp): self._incident("network-stop", "group", grp, self._stalls)}
+        grp = tuple(sorted(tied))
+        return {("network-stop", grp): self._incident("network-stop", "group", grp, first)}
 
     def _link_state(self) -> tuple[dict[tuple[str, str], list[Finding]], set[tuple[str, str]]]:
         """Persistently slow links, and links seen clean since the slowness began (older
@@ -419,7 +448,9 @@ class Localizer:
                     "insufficient-data", None, "node", (node,), [], [], 0.5,
                     {"reason": f"no operator records from {node} in {c} operators its peers completed"},
                     {"ops": c}, self._last_end_ns))
-        hyps = self._hypotheses()
+        # Hypotheses only change when some window holds evidence (or an incident may clear).
+        busy = self._n_slow or self._n_late or self._stalls or self._absent or self._incidents
+        hyps = self._hypotheses() if busy else {}
         for key, inc in hyps.items():
             cur = self._incidents.get(key)
             if cur is None:

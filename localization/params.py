@@ -58,6 +58,13 @@ class LocalizeParams:
     """GroupP2P (custom collectives): a rank whose rank-level active rate is below this
     fraction of its peers' median is slow. Rate, not volume, so expert imbalance (ranks
     legitimately sending more or less) does not alarm."""
+    rate_blame: bool = False
+    """Whether a GroupP2P rank below ``rate_ratio`` of its peers marks its links slow. Off
+    by default: a NIC that lost capacity in both directions slows every peer's sends into
+    it more than its own (three senders share its halved downlink), so in an all-to-all
+    the culprit has the *highest* rank-level rate and a low rate names a victim. GroupP2P
+    records then only clear links (rate normal); the node's collectives and
+    point-to-point sends on the same NIC carry the blame."""
     host_min_nics: int = 2
     """Host contention needs slow sends on at least this many NICs of the node (one
     starved proxy thread serves them all; a single NIC is a NIC fault)."""
@@ -71,6 +78,9 @@ class LocalizeParams:
     stop_frac: float = 0.5
     """A stall is a stop once some stalled record sent at most this fraction of its
     expected bytes (a throttled-but-moving operator cut off at the end sent far more)."""
+    stall_first_ns: int = 1_000_000
+    """Stalls ending within this of the earliest one are where the stop began (10x the
+    clock-offset bound; a hung job's later stalls are its victims, milliseconds later)."""
     stall_ns: int = 200_000_000
     """An incomplete record is a stall when its node's data goes on this long after its
     last byte (batch runs; a streaming segmenter reports incomplete only after a stall)."""

@@ -153,7 +153,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
         return out
     out.judged = list(range(n))
     if view.kind == GROUPED:
-        _judge_rate(view, p, out)
+        _judge_rate(view, p, act_ref, out)
     else:
         _judge_act(view, p, act_ref, out)
     if view.kind in P2P:
@@ -194,13 +194,19 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 out.findings.append(f)  # type: ignore[arg-type]
 
 
-def _judge_rate(view: OpView, p: LocalizeParams, out: Judgement) -> None:
+def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Judgement) -> None:
+    """``rate_ref``: the job-wide median rank-level rate of grouped operators of this size.
+    A rank at a normal rate (vs that reference and its peers) marks its links clean; one
+    below it says nothing about *which* of its links is slow (see ``rate_blame``)."""
     rate = view.col("active_rate")
     if rate.size < p.min_ranks:
         return
     loo = leave_one_out_medians(rate)
     for i in range(rate.size):
-        blamed = bool(loo[i] > 0 and rate[i] <= p.rate_ratio * loo[i])
+        low = bool(loo[i] > 0 and rate[i] <= p.rate_ratio * loo[i])
+        blamed = p.rate_blame and low
+        if not blamed and (low or rate_ref is None or rate[i] < p.rate_ratio * rate_ref):
+            continue
         f = _finding(view, i, ACT, "active_rate", rate[i], loo[i]) if blamed else None
         for d in view.peer_eps[i]:
             out.links.append(LinkObs(view.endpoints[i], d, blamed, f, view.recs[i].end_ns))

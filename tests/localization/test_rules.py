@@ -201,3 +201,48 @@ def test_verdicts_roundtrip_the_wire_contract():
     from pulse.records import decode_verdict
     for v in run(slow):
         assert decode_verdict(v.to_json()) == v
+
+
+def test_network_stop_first_stall_decides_not_the_cascade():
+    # node-02's NIC dies at seq 30: its own send (dp0 ring 0->1->2->3) stalls at nothing
+    # first; 5 ms later the job hangs and node-01 - now waiting - stalls on both rails
+    # sending into node-02 and node-00. The victims' later stalls must not outvote it.
+    def stop(comm, seq, r, f):
+        if comm == "dp0" and seq == 30 and r == 2:
+            f["complete"], f["volume_bytes"] = False, 0
+        elif seq == 31 and r == 1:
+            f["start_ns"] += 5_000_000
+            f["complete"], f["volume_bytes"] = False, 0
+        elif seq > 30 and not (seq == 31 and r != 1):
+            return None
+        return f
+    vs = run(stop, ops=32)
+    assert culprits(vs) == {("network-stop", "node", ("node-02",))}
+
+
+def test_network_stop_sender_receiver_tie_goes_to_the_sender_that_sent_nothing():
+    # one stalled record only: node-02's send to node-03 carried nothing (its NIC is dead);
+    # node-03 is only named as the peer, so the sender is the node.
+    def stop(comm, seq, r, f):
+        if comm == "dp0" and seq == 30 and r == 2:
+            f["complete"], f["volume_bytes"] = False, 0
+        elif seq >= 30 and (comm, seq) != ("dp0", 30):
+            return None
+        return f
+    assert culprits(run(stop, ops=31)) == {("network-stop", "node", ("node-02",))}
+
+
+def test_grouped_p2p_low_rank_rate_is_not_blamed_on_that_rank():
+    # A NIC that lost capacity in both directions: in an all-to-all its peers' sends into
+    # it crawl (they share its halved downlink) while its own sends run at half rate, so
+    # the culprit has the highest rate of its group and the lowest-rate rank is a victim.
+    rates = {0: 0.45, 1: 0.4, 2: 0.6, 3: 0.45, 4: 0.4, 5: 0.45}
+    vs = run(_group(rates, imbalance=False), kind="GroupP2P", n=6, rails=1)
+    assert all(v.nodes != ["node-01"] and v.nodes != ["node-04"] for v in anomalies(vs))
+
+
+def test_grouped_p2p_rate_blame_when_enabled_names_the_low_rank():
+    vs = run(_group({2: 0.5}, imbalance=True), kind="GroupP2P", n=6, rails=2,
+             params=LocalizeParams(rate_blame=True))
+    # only its sends are slow, the sends into it are not: a send-side (host) cause
+    assert {nodes for _k, _l, nodes in culprits(vs)} == {("node-02",)}
