@@ -11,7 +11,7 @@ import urllib.request
 
 import orjson
 import pytest
-from conftest import (
+from streamkit import (
     latest_pipeline,
     publish,
     read_topic,
