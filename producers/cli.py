@@ -55,19 +55,9 @@ def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitio
     When the broker is unreachable, messages wait in a bounded disk spool and are sent in
     order when it returns; only a full spool loses messages (counted and logged).
     """
-    s = Settings.from_env()
-    changes: dict[str, Any] = {}
-    if broker:
-        changes["broker"] = broker
-    if prefix:
-        changes["topic_prefix"] = prefix
-    if partitions:
-        changes["partitions"] = partitions
-    if spool_dir:
-        changes["spool_dir"] = Path(spool_dir)
-    if spool_max_bytes is not None:
-        changes["spool_max_bytes"] = spool_max_bytes
-    s = dataclasses.replace(s, **changes) if changes else s
+    s = Settings.from_env().override(
+        broker=broker or None, topic_prefix=prefix or None, partitions=partitions or None,
+        spool_dir=Path(spool_dir) if spool_dir else None, spool_max_bytes=spool_max_bytes)
     if not s.broker:
         raise ConfigError("no broker: set PULSE_BROKER or --broker host:port (pulse broker runs an embedded one)")
     ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms}, as_json)

@@ -141,6 +141,11 @@ class Settings:
             data_dir=Path(get("DATA_DIR") or defaults.data_dir),
         )
 
+    def override(self, **changes: object) -> Settings:
+        """A copy with the given values; None (an option the user did not give) keeps ours."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        return dataclasses.replace(self, **given) if given else self  # type: ignore[arg-type]
+
     def redacted(self) -> dict[str, object]:
         """A printable view: the token is never echoed."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import click
@@ -14,17 +13,8 @@ _CTX = {"help_option_names": ["-h", "--help"]}
 
 
 def _settings(broker: str | None, prefix: str | None, partitions: int | None, worker_id: str | None) -> Settings:
-    s = Settings.from_env()
-    changes: dict[str, object] = {}
-    if broker:
-        changes["broker"] = broker
-    if prefix:
-        changes["topic_prefix"] = prefix
-    if partitions:
-        changes["partitions"] = partitions
-    if worker_id:
-        changes["worker_id"] = worker_id
-    return dataclasses.replace(s, **changes) if changes else s
+    return Settings.from_env().override(broker=broker or None, topic_prefix=prefix or None,
+                                        partitions=partitions or None, worker_id=worker_id or None)
 
 
 @click.command(context_settings=_CTX)

@@ -119,3 +119,12 @@ def test_bad_values(env: dict[str, str], match: str) -> None:
 @pytest.mark.parametrize("broker", ["localhost", "127.0.0.1:9092", "k1:9092,k2:9092", "[::1]:9092"])
 def test_good_brokers(broker: str) -> None:
     assert Settings.from_env({"PULSE_BROKER": broker}).broker == broker
+
+
+def test_override_replaces_given_values_and_keeps_the_rest() -> None:
+    base = Settings.from_env({"PULSE_BROKER": "127.0.0.1:9092", "PULSE_PARTITIONS": "4"})
+    out = base.override(broker=None, partitions=12, topic_prefix="x")
+    assert (out.broker, out.partitions, out.topic_prefix) == ("127.0.0.1:9092", 12, "x")
+    assert base.override() is base
+    with pytest.raises(ConfigError):
+        base.override(partitions=0)
