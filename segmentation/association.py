@@ -184,6 +184,11 @@ class _Rank:
         have = set(self.conns)
         if have <= ring and not have <= tree:
             return False
+        if ring and self.comm is not None and self.comm.rings and not self.comm.trees:
+            # The comm published its rings and no trees: the only topology it runs over is
+            # the ring. Connections to non-neighbours (Gloo keeps a full mesh, P2P peers)
+            # are not evidence of a tree, so they must not turn the guess into one.
+            return False
         if have <= tree and not have <= ring:
             return True
         if not (self.comm and self.comm.trees):

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 import numpy as np
 from pulse.segmentation import metrics as _metrics
 from pulse.segmentation.association import Association, FlowKey, OpKey, associate
-from pulse.segmentation.kernel import COMPLETE, run_kernel, volume_bounds
+from pulse.segmentation.kernel import COMPLETE, TX_MASK, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams
 from pulse.segmentation.rows import NicClock, collect
 
@@ -69,7 +69,7 @@ def _gather(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParams) -> _Run:
-    rows, clocks = collect(batches)
+    rows, clocks = collect(batches, params.burst_rx)
     nodes = {k[0] for k in rows} | {k[0] for k in assoc.flow_ops}
     for node in nodes:
         clocks.setdefault(node, NicClock(DEFAULT_EPOCH_NS, 0))
@@ -121,7 +121,7 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
     for ens in np.unique(flow_epoch).tolist() or [DEFAULT_EPOCH_NS]:
         o = run_kernel(row_ptr, ep, by, op_ptr, need, thr, slack, gap=params.gap_epochs,
                        stall=params.stall_epochs(int(ens)), merge=params.merge_epochs(int(ens)),
-                       final=True, earliest=earliest)
+                       final=True, earliest=earliest, burst_rx=params.burst_rx, burst_need=params.burst_need)
         if out is None:
             out = o
         else:
@@ -167,7 +167,9 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
     lo = np.searchsorted(key, (sf << 40) | (out.start[s_idx] - base), "left")
     hi = np.searchsorted(key, (sf << 40) | (out.end[s_idx] - base), "right")
     idx = _gather(lo, hi - lo)
-    slot_rows = (np.repeat(s_idx, hi - lo), ep[idx])
+    rep = np.repeat(s_idx, hi - lo)
+    active = (by[idx] & TX_MASK) > 0  # rx-only rows (CTS bursts) are not active epochs
+    slot_rows = (rep[active], ep[idx][active])
     return _Run(segs, slot_of, out.start, out.end, out.vol, out.status, slot_rows, clocks)
 
 

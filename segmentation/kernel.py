@@ -26,7 +26,11 @@ time; docs/segmentation.md has the full rationale):
    else incomplete with the bytes seen (a hang);
 6. at the end of the data (``final``) a started operator is complete iff it reached
    ``thr``; operators that never started are incomplete with 0 bytes; rows beyond the last
-   operator are counted as extra bytes.
+   operator are counted as extra bytes;
+7. CTS bursts (rows carry rx bytes; ``burst_rx`` > 0): the next operator's data cannot
+   precede its receiver's start burst, so a split is never placed before the first data
+   row after a burst that followed the crossing, and an operator carrying surplus beyond
+   ``slack`` keeps the rows until such a burst shows (at most ``merge`` epochs).
 
 The kernel is resumable: without ``final``, decisions that need data not seen yet (a gap
 after the last row, whether a next operator exists) are left open, and per flow it reports
@@ -47,6 +51,20 @@ from pulse.segmentation.params import SegmentationError
 OPEN, COMPLETE, INCOMPLETE = 0, 1, 2
 FAR = np.int64(1) << 62
 """Watermark meaning 'no more data will come' (final)."""
+RX_SHIFT = 40
+TX_MASK = (np.int64(1) << RX_SHIFT) - 1
+RX_CAP = (1 << 16) - 1
+"""A row's bytes value packs tx (data) bytes in the low 40 bits and the flow's rx bytes
+in that epoch (capped at RX_CAP; for a send flow: CTS/ACK coming back) above them. Rows
+with no tx bytes are rx-only epochs kept for the CTS-burst rule; they are never active."""
+
+
+def pack_rows(tx: np.ndarray, rx: np.ndarray | None) -> np.ndarray:
+    """tx and rx bytes per row -> the kernel's packed int64 value."""
+    tx = np.asarray(tx, np.int64)
+    if rx is None:
+        return tx
+    return tx | (np.minimum(np.asarray(rx, np.int64), RX_CAP) << RX_SHIFT)
 
 
 @numba.njit(cache=True, inline="always")
@@ -60,7 +78,7 @@ def _close(k, start, end, act, vol, status, o_start, o_end, o_act, o_vol, o_stat
 
 @numba.njit(cache=True, nogil=True)
 def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, stall, merge, wm, final,
-            o_start, o_end, o_act, o_vol, o_status, f_consumed, f_carry, f_next, f_extra):  # pragma: no cover - numba
+            brx, bneed, o_start, o_end, o_act, o_vol, o_status, f_consumed, f_carry, f_next, f_extra):  # pragma: no cover - numba
     nf = row_ptr.shape[0] - 1
     for f in range(nf):
         lo = row_ptr[f]
@@ -102,6 +120,16 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
         slack_k = np.int64(0)
         nxt = False
         e_next = np.int64(0)
+        # CTS-burst rule (see run_kernel): bz = epoch of the latest burst seen since the
+        # operator started, rxs = its rows showed rx bytes, row_b = the first data row at or
+        # after a burst that followed the crossing (and the next operator's issue).
+        elig = False
+        bz = -FAR
+        rxs = False
+        row_b = np.int64(-1)
+        last_b = np.int64(0)
+        act_b = np.int64(0)
+        cum_b = np.int64(0)
         i = lo
         while i < hi:
             if k != kc:
@@ -113,14 +141,18 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                     slack_k = slack[k]
                 nxt = k + 1 < kend
                 e_next = earliest[k + 1] if nxt else -FAR
+                elig = brx > 0 and nxt and need[k + 1] >= bneed
             if started and not crossed and not tent and ovr_i < i:
                 # Fast path for the bulk of an operator: accumulate until the row that
                 # reaches the threshold or a stall, which the general rules below take.
                 while i < hi:
                     e = ep[i]
-                    b = np.int64(by[i])
-                    if e - last - 1 > stall or cum + b >= thr_k:
+                    raw = by[i]
+                    b = raw & TX_MASK
+                    if b == 0 or e - last - 1 > stall or cum + b >= thr_k:
                         break
+                    if raw > TX_MASK:
+                        rxs = True
                     cum += b
                     act += 1
                     last = e
@@ -128,14 +160,31 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                 if i >= hi:
                     break
             e = ep[i]
-            b = ovr_b if i == ovr_i else np.int64(by[i])
+            raw = by[i]
+            b = ovr_b if i == ovr_i else raw & TX_MASK
+            if started and raw > TX_MASK:
+                rxs = True
+                if (raw >> RX_SHIFT) >= brx > 0:
+                    bz = e
+            if b == 0:
+                i += 1  # rx-only epoch: not active, only a possible CTS burst
+                continue
+            # Waiting for the receiver's start burst of the next operator (CTS-burst rule):
+            # until it shows, what the flow sends after the crossing is still this operator's.
+            wait_b = (elig and crossed and rxs and bz < ce and cum - need_k > slack_k
+                      and e <= max(ce, e_next) + merge)
+            if crossed and elig and row_b < 0 and bz >= ce and e >= e_next:
+                row_b = i
+                last_b = last
+                act_b = act
+                cum_b = cum
             if started:
                 g = e - last - 1
                 if (g >= gap and cum >= need_k) or g > stall:
                     if g <= merge and not nxt and not final:
                         blocked = True  # whether this is still ours depends on the next op
                         break
-                    if g > merge or not nxt or e >= e_next:
+                    if (g > merge or not nxt or e >= e_next) and not (g <= merge and wait_b):
                         _close(k, start, last, act, cum, 1 if cum >= thr_k else 2, o_start, o_end, o_act, o_vol, o_status)
                         k += 1
                         started = False
@@ -150,6 +199,8 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                     last_t = last
                     act_t = act
                     cum_t = cum
+                if tent and crossed and g > 0:
+                    tent = False  # the tail reached the volume and the flow paused: it was the tail
                 if tent and cum + b > need_k + slack_k:
                     if not nxt and not final:
                         blocked = True
@@ -165,7 +216,6 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                     tent = False  # the next operator was not issued yet: still this one's
                 if crossed and cum + b - need_k > slack_k and (not nxt or e >= e_next):
                     if nxt:
-                        started = False
                         if row_g < 0 and g > 0:
                             row_g = i
                             last_g = last
@@ -183,7 +233,20 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                             last_g = last_e
                             act_g = act_e
                             cum_g = cum_e
-                        if row_g >= 0:
+                        rn = row_g if row_g >= 0 else (row_c if s_c > 0 else row_c + 1)
+                        hold = False
+                        if elig and rxs and row_b > rn:
+                            # The next operator's data cannot precede its receiver's start
+                            # burst: split there, not at the earlier candidate.
+                            started = False
+                            _close(k, start, last_b, act_b, cum_b, 1, o_start, o_end, o_act, o_vol, o_status)
+                            k += 1
+                            i = row_b
+                            carry = ovr_b if i == ovr_i else np.int64(-1)
+                        elif row_b < 0 and wait_b:
+                            hold = True  # no start burst yet: this row is still this operator's
+                        elif row_g >= 0:
+                            started = False
                             # Traffic paused after the volume was reached: that pause,
                             # not the crossing, is the boundary.
                             _close(k, start, last_g, act_g, cum_g, 1, o_start, o_end, o_act, o_vol, o_status)
@@ -192,6 +255,7 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                             carry = ovr_b if i == ovr_i else np.int64(-1)
                         elif s_c > 0:
                             # Both operators used the crossing epoch.
+                            started = False
                             _close(k, start, ce, act_c, need_k, 1, o_start, o_end, o_act, o_vol, o_status)
                             k += 1
                             ovr_i = row_c
@@ -199,13 +263,15 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                             i = row_c
                             carry = s_c
                         else:
+                            started = False
                             _close(k, start, ce, act_c, need_k + s_c, 1, o_start, o_end, o_act, o_vol, o_status)
                             k += 1
                             i = row_c + 1
                             carry = ovr_b if i == ovr_i else np.int64(-1)
-                        consumed = i
-                        continue
-                    if not final:
+                        if not hold:
+                            consumed = i
+                            continue
+                    elif not final:
                         blocked = True
                         break
             if k >= kend:
@@ -226,6 +292,9 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                 tent = False
                 row_g = np.int64(-1)
                 row_e = np.int64(-1)
+                bz = -FAR
+                rxs = False
+                row_b = np.int64(-1)
             if crossed and nxt and e >= e_next:
                 if row_g < 0 and e - last > 1:
                     row_g = i
@@ -241,21 +310,30 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
             act += 1
             last = e
             if not crossed and cum >= need_k:
+                # A pending tentative end (rule 3) survives the crossing: bytes after the
+                # pause that reach the volume are only its tail if the flow pauses again
+                # before more than the slack follows; otherwise they were the next
+                # operator's first bytes (a small first epoch), and the operator ended
+                # before the pause.
                 crossed = True
-                tent = False
                 ce = e
                 act_c = act
                 s_c = cum - need_k
                 row_c = i
                 row_g = -1
                 row_e = -1
+                if elig and bz >= e and e >= e_next:
+                    row_b = i  # the start burst came with the crossing epoch: no constraint
             i += 1
         if started and not blocked:
             idle = wm[f] - last - 1
             # Closing on the idle gap needs to know that no later row can still be
             # this operator's: later rows lie at or after the watermark.
             safe = idle > merge or (k + 1 < kend and wm[f] >= earliest[k + 1])
-            if final or idle > stall or (idle >= gap and cum >= need[k] and safe):
+            # ... nor can a later row still be held for the next operator's start burst
+            held = (elig and crossed and rxs and bz < ce and cum - need[k] > slack[k] and idle <= merge
+                    and wm[f] <= max(ce, e_next) + merge)
+            if final or idle > stall or (idle >= gap and cum >= need[k] and safe and not held):
                 _close(k, start, last, act, cum, 1 if cum >= thr[k] else 2, o_start, o_end, o_act, o_vol, o_status)
                 k += 1
                 consumed = hi
@@ -294,8 +372,18 @@ class KernelOut:
 def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_ptr: np.ndarray,
                need: np.ndarray, thr: np.ndarray, slack: np.ndarray, *, gap: int, stall: int,
                merge: int | None = None, watermark: np.ndarray | None = None, final: bool = True,
-               carry_in: np.ndarray | None = None, earliest: np.ndarray | None = None) -> KernelOut:
-    """Driver: contiguous int64 arrays in, outputs allocated here (no validation)."""
+               carry_in: np.ndarray | None = None, earliest: np.ndarray | None = None,
+               burst_rx: int = 0, burst_need: int = 0) -> KernelOut:
+    """Driver: contiguous int64 arrays in, outputs allocated here (no validation).
+
+    ``nbytes`` are packed rows (``pack_rows``). ``burst_rx`` > 0 enables the CTS-burst rule
+    for every operator followed by one of at least ``burst_need`` expected bytes: the
+    receiver of a send flow starts an operator by granting all its slots at once (NCCL
+    posts NCCL_STEPS receives, each a CTS back to the sender: >= ``burst_rx`` rx bytes in
+    one epoch on the send flow), and the sender cannot put a byte of that operator on the
+    wire before. So when the previous operator carries surplus (go-back-N resends) on a flow
+    that shows rx, its boundary is not placed before that burst; the wait is bounded by
+    ``merge`` epochs after the crossing / the next issue."""
     nf = row_ptr.shape[0] - 1
     nk = need.shape[0]
     i64 = np.int64
@@ -311,7 +399,7 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
             np.ascontiguousarray(need, i64), np.ascontiguousarray(thr, i64),
             np.ascontiguousarray(slack, i64), early, i64(gap), i64(stall),
             i64(stall if merge is None else min(merge, stall)), wm, bool(final),
-            out.start, out.end, out.act, out.vol, out.status, out.consumed, out.carry,
+            i64(burst_rx), i64(burst_need), out.start, out.end, out.act, out.vol, out.status, out.consumed, out.carry,
             out.next_op, out.extra)
     return out
 
@@ -338,14 +426,17 @@ def _ptr(name: str, ptr: np.ndarray, n: int) -> np.ndarray:
 def segment_rows(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_ptr: np.ndarray,
                  need: np.ndarray, *, gap: int, stall: int, rel_tolerance: float = 1e-3,
                  abs_tolerance: int = 4096, earliest: np.ndarray | None = None,
-                 merge: int | None = None) -> KernelOut:
+                 merge: int | None = None, rx: np.ndarray | None = None, burst_rx: int = 0,
+                 burst_need: int = 0) -> KernelOut:
     """Segment flows given as CSR arrays (validated; final, whole-trace form).
 
     Flow ``f`` owns rows ``row_ptr[f]:row_ptr[f+1]`` of ``epochs`` (strictly ascending
-    within a flow) and ``nbytes`` (> 0), and operator slots ``op_ptr[f]:op_ptr[f+1]`` of
-    ``need`` (expected bytes > 0, in the order the flow carries them). ``earliest``: per
-    operator slot, the first epoch its data can be on the wire (its host issue time), or
-    None when unknown.
+    within a flow) and ``nbytes`` (tx bytes, > 0 unless ``rx`` is), and operator slots
+    ``op_ptr[f]:op_ptr[f+1]`` of ``need`` (expected bytes > 0, in the order the flow carries
+    them). ``earliest``: per operator slot, the first epoch its data can be on the wire (its
+    host issue time), or None when unknown. ``rx``: the flow's rx bytes per row (rows with
+    no tx bytes are rx-only epochs), for the CTS-burst rule (``burst_rx``, ``burst_need``:
+    see ``run_kernel``).
     """
     ep = np.asarray(epochs)
     by = np.asarray(nbytes)
@@ -362,8 +453,19 @@ def segment_rows(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op
         raise SegmentationError(f"gap={gap}, stall={stall}: need 1 <= gap <= stall")
     ep = ep.astype(np.int64)
     by = by.astype(np.int64)
-    if by.size and by.min() <= 0:
-        raise SegmentationError(f"row {int(np.argmin(by))} carries no bytes: pass active epochs only")
+    rxa = None
+    if rx is not None:
+        rxa = np.asarray(rx)
+        if rxa.shape != ep.shape or (rxa.size and rxa.dtype.kind not in "iu"):
+            raise SegmentationError(f"rx must be an integer array shaped like epochs {ep.shape}")
+        rxa = rxa.astype(np.int64)
+        if rxa.size and rxa.min() < 0:
+            raise SegmentationError(f"row {int(np.argmin(rxa))} has negative rx bytes")
+    if by.size and (by.min() < 0 or by.max() > TX_MASK):
+        raise SegmentationError(f"row {int(np.argmin(by))} has tx bytes out of range")
+    empty = by <= 0 if rxa is None else (by <= 0) & (rxa <= 0)
+    if empty.any():
+        raise SegmentationError(f"row {int(np.argmax(empty))} carries no bytes: pass active epochs only")
     if ep.size > 1:
         d = np.diff(ep)
         first = np.zeros(ep.size, bool)
@@ -379,4 +481,7 @@ def segment_rows(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op
         earliest = np.asarray(earliest)
         if earliest.shape != nd.shape or (earliest.size and earliest.dtype.kind not in "iu"):
             raise SegmentationError(f"earliest must be an integer array shaped like need {nd.shape}")
-    return run_kernel(rp, ep, by, op, nd, thr, slack, gap=gap, stall=stall, earliest=earliest, merge=merge)
+    if burst_rx < 0 or burst_need < 0:
+        raise SegmentationError(f"burst_rx={burst_rx}, burst_need={burst_need}: need >= 0")
+    return run_kernel(rp, ep, pack_rows(by, rxa), op, nd, thr, slack, gap=gap, stall=stall, earliest=earliest,
+                      merge=merge, burst_rx=burst_rx, burst_need=burst_need)

@@ -62,6 +62,28 @@ class SegmentParams:
     """Streaming: flows with traffic but no binding, remembered per node (beyond this,
     their rows are dropped and counted)."""
 
+    cts_bytes: int = 64
+    """CTS-burst rule (docs/segmentation.md): bytes of one clear-to-send message a receiver
+    sends back on the connection (rx on the send flow) per receive buffer it posts; 0
+    disables the rule. 64 B: NCCL's IB transport writes one small FIFO entry per post."""
+
+    cts_slots: int = 8
+    """Receive buffers a receiver posts at once when it starts an operator on a connection
+    (NCCL_STEPS = 8): its start shows as >= cts_slots x cts_bytes rx in one epoch."""
+
+    step_bytes: int = 512 * 1024
+    """Largest message one slot carries (NCCL SIMPLE: 4 MiB buffer / 8 steps). Only an
+    operator of >= cts_slots x step_bytes on the flow surely fills every slot at its start,
+    so only such operators are waited for."""
+
+    @property
+    def burst_rx(self) -> int:
+        return self.cts_bytes * self.cts_slots
+
+    @property
+    def burst_need(self) -> int:
+        return self.cts_slots * self.step_bytes
+
     def __post_init__(self) -> None:
         checks = (
             ("gap_epochs", self.gap_epochs >= 1),
@@ -73,6 +95,9 @@ class SegmentParams:
             ("merge_gap_ns", self.merge_gap_ns >= 0),
             ("late_batches", self.late_batches >= 0),
             ("max_unbound_flows", self.max_unbound_flows >= 0),
+            ("cts_bytes", self.cts_bytes >= 0),
+            ("cts_slots", self.cts_slots >= 1),
+            ("step_bytes", self.step_bytes >= 1),
         )
         for name, ok in checks:
             if not ok:

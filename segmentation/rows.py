@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 
 import numpy as np
+from pulse.segmentation.kernel import pack_rows
 from pulse.segmentation.params import SegmentationError
 
 from pulse.samples import EpochBatch
@@ -35,16 +36,21 @@ class NicClock:
         return out
 
 
-def batch_rows(batch: EpochBatch, clock: NicClock) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flow int64, abs epoch int64, tx bytes int64) of a batch's rows with tx > 0."""
+def batch_rows(batch: EpochBatch, clock: NicClock, burst_rx: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flow int64, abs epoch int64, packed bytes int64) of a batch's rows with tx > 0, and
+    with ``burst_rx`` > 0 also its rx-only rows of >= burst_rx bytes (possible CTS bursts).
+    Packed = tx bytes | rx bytes << RX_SHIFT (kernel.pack_rows)."""
     if batch.epoch_ns != clock.epoch_ns:
         raise SegmentationError(
             f"{batch.node}/{batch.nic} batch {batch.batch_seq}: epoch_ns {batch.epoch_ns} differs "
             f"from the {clock.epoch_ns} of the node's earlier batches")
+    rx = batch.rx_bytes if burst_rx > 0 else None
     keep = batch.tx_bytes > 0
+    if rx is not None:
+        keep |= rx >= burst_rx
     base = batch.t0_ns // batch.epoch_ns
     return (batch.flow[keep].astype(np.int64), batch.epoch[keep].astype(np.int64) + base,
-            batch.tx_bytes[keep].astype(np.int64))
+            pack_rows(batch.tx_bytes[keep], None if rx is None else rx[keep]))
 
 
 def merge_sorted(flow: np.ndarray, ep: np.ndarray, nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,10 +67,11 @@ def merge_sorted(flow: np.ndarray, ep: np.ndarray, nbytes: np.ndarray) -> tuple[
     return flow[idx], ep[idx], np.add.reduceat(nbytes, idx)
 
 
-def collect(batches: Iterable[EpochBatch]) -> tuple[dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]],
-                                                      dict[str, NicClock]]:
-    """All batches -> per (node, nic) merged rows, and one clock per node (batches in
-    batch_seq order per NIC; every NIC of a node must use the node's epoch length)."""
+def collect(batches: Iterable[EpochBatch], burst_rx: int = 0
+            ) -> tuple[dict[tuple[str, str], tuple[np.ndarray, np.ndarray, np.ndarray]], dict[str, NicClock]]:
+    """All batches -> per (node, nic) merged rows (``batch_rows``), and one clock per node
+    (batches in batch_seq order per NIC; every NIC of a node must use the node's epoch
+    length)."""
     per_nic: dict[tuple[str, str], list[EpochBatch]] = {}
     for b in batches:
         if not isinstance(b, EpochBatch):
@@ -76,7 +83,7 @@ def collect(batches: Iterable[EpochBatch]) -> tuple[dict[tuple[str, str], tuple[
         lst = sorted(per_nic[key], key=lambda b: b.batch_seq)
         node = key[0]
         clock = clocks.setdefault(node, NicClock(lst[0].epoch_ns, lst[0].t0_ns % lst[0].epoch_ns))
-        parts = [batch_rows(b, clock) for b in lst]
+        parts = [batch_rows(b, clock, burst_rx) for b in lst]
         f = np.concatenate([p[0] for p in parts])
         e = np.concatenate([p[1] for p in parts])
         t = np.concatenate([p[2] for p in parts])

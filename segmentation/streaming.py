@@ -27,7 +27,7 @@ from collections.abc import Iterable
 import numpy as np
 from pulse.segmentation import metrics as _metrics
 from pulse.segmentation.association import NO_TIME, FlowKey, OpInfo, OpKey, _op_info, associate
-from pulse.segmentation.kernel import COMPLETE, FAR, OPEN, run_kernel, volume_bounds
+from pulse.segmentation.kernel import COMPLETE, FAR, OPEN, TX_MASK, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams
 from pulse.segmentation.rows import NicClock, batch_rows, merge_sorted
 from pulse.segmentation.rowstore import merge_rows
@@ -542,7 +542,7 @@ class NodeSegmenter:
             batches, nic.ready = nic.ready, []
             rows = []
             for b in batches:
-                f, e, t = batch_rows(b, nic.clock)
+                f, e, t = batch_rows(b, nic.clock, self.params.burst_rx)
                 self.stats.rows += int(f.size)
                 base = b.t0_ns // b.epoch_ns
                 nic.wm = max(nic.wm, int(base), int(e.max()) + 1 if e.size else int(base))
@@ -733,7 +733,8 @@ class NodeSegmenter:
         out = run_kernel(row_ptr, ep, by, op_ptr, need, thr, slack, gap=self.params.gap_epochs,
                          stall=self.params.stall_epochs(clock.epoch_ns),
                          merge=self.params.merge_epochs(clock.epoch_ns), watermark=wm, final=final,
-                         carry_in=None, earliest=clock.earliest_epoch(s.issue[sidx]))
+                         carry_in=None, earliest=clock.earliest_epoch(s.issue[sidx]),
+                         burst_rx=self.params.burst_rx, burst_need=self.params.burst_need)
         # closed slots: every slot before the flow's next open one
         slot_run = np.repeat(np.arange(fids.size), np.diff(op_ptr))
         closed = (np.arange(sidx.size) < out.next_op[slot_run]) & (out.status != OPEN)
@@ -756,6 +757,8 @@ class NodeSegmenter:
             z = np.searchsorted(key, (sr << 40) | (out.end[started] - base), "right")
             idx = _gather(a, z - a)
             rep = np.repeat(np.arange(started.size), z - a)
+            active = (by[idx] & TX_MASK) > 0  # rx-only rows (CTS bursts) are not active epochs
+            idx, rep = idx[active], rep[active]
             add = (s.uid[sidx[started]][rep], fids[sr][rep], ep[idx])
             self._pool = tuple(np.concatenate((p, q)) for p, q in zip(self._pool, add, strict=True))  # type: ignore[assignment]
         # per flow: next seq, resume row, carry
@@ -786,7 +789,8 @@ class NodeSegmenter:
             cy = (carry[sel] >= 0) & rest
             if cy.any():
                 sb = sb.copy()
-                sb[lo_n[cy] + cc[cy]] = carry[sel][cy]
+                at = lo_n[cy] + cc[cy]
+                sb[at] = carry[sel][cy] | (sb[at] & ~TX_MASK)  # keep the row's rx bits
                 fl.floor[f_sel[cy]] = se[lo_n[cy] + cc[cy]]
             if ch.any():
                 drop = np.zeros(sf.size, bool)

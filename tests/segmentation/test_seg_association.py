@@ -175,3 +175,61 @@ def test_flow_op_lists_are_in_seq_order():
     (seqs, need), = a.flow_ops.values()
     assert list(seqs) == [0, 1, 2, 3]
     assert np.all(np.diff(need) > 0)
+
+
+def gloo_mesh():
+    """Gloo-like: 4 ranks, one TCP connection per peer pair (full mesh, channel 0), the
+    comm publishes its ring, AllReduce with algo unknown (Gloo does not say)."""
+    tb = TraceBuilder()
+    nodes = {r: f"g{r}" for r in range(4)}
+    tb.comm("gloo", 4, nodes, rings=[[0, 1, 2, 3]])
+    fid = {}
+    for r in range(4):
+        for p in range(4):
+            if p != r:
+                fid[(r, p)] = 10 * r + p
+                tb.flow(nodes[r], "eth0", 10 * r + p, "gloo", r, p, 0, "send")
+                tb.flow(nodes[r], "eth0", 100 + 10 * r + p, "gloo", r, p, 0, "recv")
+    return tb, nodes, fid
+
+
+@pytest.mark.parametrize("algo", [None, "unknown"])
+def test_full_mesh_with_a_published_ring_is_ring(algo):
+    tb, nodes, fid = gloo_mesh()
+    per = int(2 * 3 / 4 * S)
+    for r in range(4):
+        tb.op(nodes[r], "gloo", r, 0, "AllReduce", S, algo=algo, nranks=4, t_host_ns=tb.t0_ns)
+        tb.op(nodes[r], "gloo", r, 1, "AllReduce", S, algo=algo, nranks=4, t_host_ns=tb.t0_ns + 60 * 32_000)
+        # data on the ring edge only; a little traffic on a non-neighbour connection
+        # (barriers, rendezvous) while the operators run
+        tb.transfer(nodes[r], "eth0", fid[(r, (r + 1) % 4)], 2, per, 500_000, comm_id="gloo", seq=0)
+        tb.transfer(nodes[r], "eth0", fid[(r, (r + 1) % 4)], 70, per, 500_000, comm_id="gloo", seq=1)
+        tb.send(nodes[r], "eth0", fid[(r, (r + 2) % 4)], 5, 300)
+    a = associate(tb.events)
+    assert a.ambiguous_algo == 0
+    for r in range(4):
+        info = a.ops[("gloo", r, 0)]
+        assert info.algo == "ring"
+        assert [(a.bindings[f].peer, e) for f, e in zip(info.flows, info.expected, strict=True)] == [((r + 1) % 4, per)]
+    segs = segment_flows(tb.batches(), a)
+    assert len(segs) == 8 and segs.complete.all()
+    by_key = {(segs.node[i], int(segs.flow[i]), int(segs.seq[i])): i for i in range(len(segs))}
+    for t in tb.truth:
+        i = by_key[(t.node, t.flow, t.seq)]
+        assert (segs.start_ns[i], segs.end_ns[i], segs.volume[i]) == (t.start_ns, t.end_ns, t.nbytes)
+    assert segs.extra_bytes == 4 * 300  # the non-neighbour bytes belong to no operator
+
+
+def test_full_mesh_with_published_trees_stays_tree():
+    # Trees published too: rank 1's connections are exactly its tree peers (parent 0,
+    # children 2 and 3), which the ring alone does not explain: tree, as before.
+    trees = [[0, -1, 1, -1, -1], [1, 0, 2, 3, -1], [2, 1, -1, -1, -1], [3, 1, -1, -1, -1]]
+    tb, nodes, _ = gloo_mesh()
+    tb.events = [e for e in tb.events if e.TYPE != "comm"]
+    for r in range(4):
+        tb.events.insert(0, __import__("pulse.events", fromlist=["CommEvent"]).CommEvent(
+            job="job", node=nodes[r], comm_id="gloo", rank=r, nranks=4, rings=[[0, 1, 2, 3]], trees=[trees[r]]))
+    tb.op(nodes[1], "gloo", 1, 0, "AllReduce", S, nranks=4)
+    a = associate(tb.events)
+    info = a.ops[("gloo", 1, 0)]
+    assert info.algo == "tree" and sorted(a.bindings[f].peer for f in info.flows) == [0, 2, 3]

@@ -11,16 +11,19 @@ from pulse.segmentation.params import SegmentationError
 from segref import reference
 
 
-def kernel(flows, gap, stall, rel=1e-3, abs_bytes=4096, earliest=None, merge=None):
-    """flows: list of (rows [(epoch, bytes)], need [int]) -> per flow (ops, extra)."""
+def kernel(flows, gap, stall, rel=1e-3, abs_bytes=4096, earliest=None, merge=None, burst_rx=0, burst_need=0):
+    """flows: list of (rows [(epoch, tx bytes[, rx bytes])], need [int]) -> per flow (ops, extra)."""
     row_ptr = np.cumsum([0] + [len(r) for r, _ in flows])
     op_ptr = np.cumsum([0] + [len(n) for _, n in flows])
-    ep = np.array([e for r, _ in flows for e, _ in r], np.int64)
-    by = np.array([b for r, _ in flows for _, b in r], np.int64)
+    ep = np.array([r[0] for rs, _ in flows for r in rs], np.int64)
+    by = np.array([r[1] for rs, _ in flows for r in rs], np.int64)
+    has_rx = any(len(r) > 2 for rs, _ in flows for r in rs)
+    rx = np.array([r[2] if len(r) > 2 else 0 for rs, _ in flows for r in rs], np.int64) if has_rx else None
     need = np.array([x for _, n in flows for x in n], np.int64)
     early = None if earliest is None else np.array([x for e in earliest for x in e], np.int64)
     out = segment_rows(row_ptr, ep, by, op_ptr, need, gap=gap, stall=stall, rel_tolerance=rel,
-                       abs_tolerance=abs_bytes, earliest=early, merge=merge)
+                       abs_tolerance=abs_bytes, earliest=early, merge=merge, rx=rx, burst_rx=burst_rx,
+                       burst_need=burst_need)
     res = []
     for f in range(len(flows)):
         ops = [(int(out.start[k]), int(out.end[k]), int(out.act[k]), int(out.vol[k]), int(out.status[k]))
@@ -29,11 +32,13 @@ def kernel(flows, gap, stall, rel=1e-3, abs_bytes=4096, earliest=None, merge=Non
     return res
 
 
-def check(flows, gap=3, stall=1000, rel=1e-3, abs_bytes=4096, earliest=None, merge=None):
-    got = kernel(flows, gap, stall, rel, abs_bytes, earliest, merge)
+def check(flows, gap=3, stall=1000, rel=1e-3, abs_bytes=4096, earliest=None, merge=None, burst_rx=0,
+          burst_need=0):
+    got = kernel(flows, gap, stall, rel, abs_bytes, earliest, merge, burst_rx, burst_need)
     for f, ((rows, need), g) in enumerate(zip(flows, got, strict=True)):
         early = None if earliest is None else earliest[f]
-        assert g == reference(rows, need, gap, stall, rel, abs_bytes, early, merge), (rows, need, early)
+        want = reference(rows, need, gap, stall, rel, abs_bytes, early, merge, burst_rx, burst_need)
+        assert g == want, (rows, need, early)
     return got
 
 
@@ -69,6 +74,33 @@ def flow(draw, max_ops=5, max_rows=60):
 @given(st.lists(flow(), min_size=1, max_size=6), st.integers(1, 6), st.integers(0, 60))
 def test_kernel_matches_reference_random(flows, gap, extra_stall):
     check(flows, gap=gap, stall=gap + extra_stall)
+
+
+@st.composite
+def flow_with_rx(draw):
+    """A flow whose rows carry rx bytes (CTS), some rx-only epochs, some CTS bursts, with
+    issue times; operators large and small around the burst-rule threshold."""
+    nops = draw(st.integers(0, 6))
+    need = [draw(st.sampled_from([20_000, 150_000, 400_000]) | st.integers(1, 500_000)) for _ in range(nops)]
+    nrows = draw(st.integers(0, 100))
+    steps = draw(st.lists(st.sampled_from([1, 1, 1, 2, 3, 4, 6, 30, 300]), min_size=nrows, max_size=nrows))
+    first = draw(st.integers(0, 10))
+    eps = list(np.cumsum([first, *steps[1:]])) if nrows else []
+    tx = draw(st.lists(st.sampled_from([0, 0, 1, 4096, 60_000, 150_000]) | st.integers(1, 300_000),
+                       min_size=nrows, max_size=nrows))
+    rx = draw(st.lists(st.sampled_from([0, 0, 0, 64, 128, 512, 640]), min_size=nrows, max_size=nrows))
+    rows = [(int(e), int(t), int(r) if t or r else 512) for e, t, r in zip(eps, tx, rx, strict=True)]
+    last = rows[-1][0] if rows else 10
+    early = sorted(draw(st.lists(st.integers(-5, last + 5), min_size=nops, max_size=nops)))
+    return rows, need, early
+
+
+@settings(max_examples=250, deadline=None)
+@given(st.lists(flow_with_rx(), min_size=1, max_size=4), st.integers(1, 4), st.integers(0, 40),
+       st.sampled_from([0, 512]), st.sampled_from([1, 100_000]))
+def test_kernel_matches_reference_with_cts_bursts(flows, gap, merge, burst_rx, burst_need):
+    check([(r, n) for r, n, _ in flows], gap=gap, stall=gap + 30, earliest=[e for _, _, e in flows],
+          merge=merge, burst_rx=burst_rx, burst_need=burst_need)
 
 
 @settings(max_examples=100, deadline=None)
@@ -174,6 +206,35 @@ def test_small_tail_after_pause_within_tolerance_is_merged():
     rows = [(0, 500_000), (1, 499_000), (30, 600_000), (31, 400_000)]
     (ops, _), = check([(rows, [1_000_000, 1_000_000])])
     assert ops[0] == (0, 1, 2, 999_000, 1) and ops[1][:2] == (30, 31)
+
+
+@pytest.mark.parametrize("first", [3_000, 5_000, 8_000])
+@pytest.mark.parametrize("issued", [None, 4_990])
+def test_next_operators_small_first_epoch_does_not_stretch_the_end(first, issued):
+    # The last bucket of a step arrives 2 kB short of its volume (chunk rounding: within
+    # tolerance), the flow idles until the next step, whose first epoch carries only a few
+    # kB (within the slack) before full epochs follow. That first epoch is the next
+    # operator's, not the missing tail: the operator ends before the pause, not 160 ms
+    # later in the next step (seen on healthy sim traces before the fix).
+    N = 4_000_000
+    rows = [(e, 400_000) for e in range(10, 19)] + [(19, 398_000)]
+    rows += [(5000, first)] + [(e, 400_000) for e in range(5001, 5011)]
+    early = None if issued is None else [[0, issued]]
+    (ops, extra), = check([(rows, [N, N])], merge=625, stall=10**6, earliest=early)
+    assert ops[0] == (10, 19, 10, N - 2_000, 1)
+    assert ops[1] == (5000, 5010, 11, first + 4_000_000, 1) and extra == 0
+    # streaming: cut anywhere, resume, same result
+    ep = np.array([e for e, _ in rows], np.int64)
+    by = np.array([b for _, b in rows], np.int64)
+    need = np.array([N, N], np.int64)
+    thr, slack = volume_bounds(need, 1e-3, 4096)
+    ear = np.array(early[0] if early else [-FAR, -FAR], np.int64)
+    for cut in range(1, ep.size):
+        part = run_kernel(np.array([0, cut]), ep[:cut], by[:cut], np.array([0, 2]), need, thr, slack,
+                          gap=3, stall=10**6, merge=625, watermark=np.array([ep[cut]]), final=False,
+                          earliest=ear)
+        if int(part.next_op[0]) >= 1:
+            assert (int(part.start[0]), int(part.end[0]), int(part.vol[0])) == (10, 19, N - 2_000), cut
 
 
 def test_short_of_volume_is_incomplete_with_bytes_seen():
