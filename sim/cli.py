@@ -8,6 +8,7 @@ import click
 import orjson
 from pulse.sim.config import WORKLOADS, SimConfig
 from pulse.sim.scenarios import SCENARIOS
+from pulse.sim.trees import ALGOS
 
 
 def _scenario_help() -> str:
@@ -33,19 +34,25 @@ def _scenario_help() -> str:
               help="dense (TP/PP/DP GPT-like) or moe (adds expert all-to-all); default: the scenario's.")
 @click.option("--severity", type=float, default=None, help="Scenario strength (range per scenario; default mid-range).")
 @click.option("--onset-ms", type=float, default=None, help="When the fault starts (true ms from start; default ~35% of the run).")
+@click.option("--algo", type=click.Choice(ALGOS), default="auto", show_default=True,
+              help="DP AllReduce algorithm: ring, NCCL's double binary tree, or auto (NCCL-like cost model: "
+                   "tree only for small buckets).")
+@click.option("--bucket-mb", type=float, default=None,
+              help="DP gradient bucket size in MiB (default: dense 64, moe 32); auto picks tree below "
+                   "about 1.8 MiB with 4 DP nodes.")
 @click.option("--job", default="sim", show_default=True, help="Job name written into every record.")
 @click.option("--out", "out", type=click.Path(file_okay=False), default=None,
               help="Trace directory to write (empty or absent); default ./sim-SCENARIO-SEED.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def sim(scenario: str, seed: int, nodes: int, gpus_per_node: int, nics_per_node: int, pp: int, steps: int,
-        epoch_us: int, workload: str | None, severity: float | None, onset_ms: float | None, job: str,
-        out: str | None, as_json: bool) -> None:
+        epoch_us: int, workload: str | None, severity: float | None, onset_ms: float | None, algo: str,
+        bucket_mb: float | None, job: str, out: str | None, as_json: bool) -> None:
     """Simulate a training cluster (mechanistic NCCL-like traffic) with one anomaly scenario."""
     from pulse.sim.run import simulate
 
     cfg = SimConfig(scenario=scenario, seed=seed, nodes=nodes, gpus_per_node=gpus_per_node,
                     nics_per_node=nics_per_node, pp=pp, steps=steps, epoch_us=epoch_us, workload=workload,
-                    severity=severity, onset_ms=onset_ms, job=job)
+                    severity=severity, onset_ms=onset_ms, job=job, algo=algo, bucket_mb=bucket_mb)
     rc = cfg.resolved()  # validate before touching the disk
     out = out or f"sim-{rc.sc.name}-{seed}"
     show = (not as_json) and sys.stderr.isatty()
@@ -67,6 +74,7 @@ def sim(scenario: str, seed: int, nodes: int, gpus_per_node: int, nics_per_node:
         click.echo(orjson.dumps(summary.to_dict()).decode())
     else:
         click.echo(f"{summary.scenario} seed {summary.seed}: {summary.gpus} GPUs on {summary.nodes} nodes, "
-                   f"{summary.simulated_s:.2f} s simulated in {summary.wall_s:.1f} s, {summary.batches} batches "
+                   f"{summary.algo} AllReduce, {summary.simulated_s:.2f} s simulated in {summary.wall_s:.1f} s, "
+                   f"{summary.batches} batches "
                    f"({summary.rows} rows), {summary.events} hook events"
                    + (", job hung" if summary.hung else "") + f" -> {summary.out}", err=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from pulse.sim.scenarios import SCENARIOS, Scenario, get_scenario, resolve_severity
+from pulse.sim.trees import ALGOS
 
 from pulse.errors import ConfigError
 from pulse.samples import check_name
@@ -33,6 +34,10 @@ class SimConfig:
     """Per-node clock offsets are uniform in +- this (random per run)."""
     batch_ms: float = 10.0
     """Time window of one epoch batch."""
+    algo: str = "auto"
+    """AllReduce algorithm: ring, tree, or auto (NCCL-like cost model per bucket size)."""
+    bucket_mb: float | None = None
+    """DP gradient bucket size in MiB; None: the workload's (dense 64, MoE 32)."""
 
     def resolved(self) -> ResolvedConfig:
         """Validate everything and fill the scenario-dependent defaults."""
@@ -70,6 +75,10 @@ class SimConfig:
             raise ConfigError(f"--seed {self.seed}: must be in [0, 2**63)")
         if not 0.1 <= self.batch_ms <= 1000.0:
             raise ConfigError(f"batch_ms={self.batch_ms}: must be in [0.1, 1000]")
+        if self.algo not in ALGOS:
+            raise ConfigError(f"--algo {self.algo!r}: valid algorithms: {', '.join(ALGOS)}")
+        if self.bucket_mb is not None and not 0.001 <= self.bucket_mb <= 4096.0:
+            raise ConfigError(f"--bucket-mb {self.bucket_mb}: must be in [0.001, 4096]")
         check_name("job", self.job)
         severity = resolve_severity(sc, self.severity)
         return ResolvedConfig(cfg=self, sc=sc, workload=workload, severity=severity)
@@ -99,4 +108,4 @@ def scenario_names() -> list[str]:
     return list(SCENARIOS)
 
 
-__all__ = ["WORKLOADS", "ResolvedConfig", "Scenario", "SimConfig", "scenario_names"]
+__all__ = ["ALGOS", "WORKLOADS", "ResolvedConfig", "Scenario", "SimConfig", "scenario_names"]

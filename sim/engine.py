@@ -33,6 +33,7 @@ BURST_LEFT = 1.0 / 8.0
 """Share of a downlink our traffic keeps during a background burst: the burst is an incast
 from 7 other ingress ports and the switch serves its ingress ports round-robin."""
 NIC_JITTER = 0.03
+NEVER = 1 << 62
 
 _K1 = np.uint64(0x9E3779B97F4A7C15)
 _K2 = np.uint64(0xBF58476D1CE4E5B9)
@@ -91,25 +92,30 @@ def _poisson(rng, lam):
 
 
 @numba.njit(cache=True, inline="always")
-def _rec(q, t, tx, rx, qnode, off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st):
-    # times only grow per QP, so a comparison with the end of its current epoch replaces
-    # the division on the hot path
-    if t >= qend[q]:
-        shift = off[qnode[q]] + eoff
+def _rec(q, t, tx, rx, epoch, qa, orow, st):
+    """Account tx/rx bytes of QP q at true time t into its current epoch; emit the finished
+    epoch's row into ``orow`` (q, epoch, tx, rx) when t enters a new one.
+
+    qa[q] = (current epoch, its end in true time, tx, rx, clock shift of the QP's node).
+    Times only grow per QP, so a comparison with the end of the current epoch replaces the
+    division on the hot path. The state is packed in two arrays because every array argument
+    of an inlined call costs an atomic reference-count pair per call."""
+    if t >= qa[q, 1]:
+        shift = qa[q, 4]
         e = (t + shift) // epoch
-        qend[q] = (e + 1) * epoch - shift
-        if qtx[q] != 0 or qrx[q] != 0:
+        qa[q, 1] = (e + 1) * epoch - shift
+        if qa[q, 2] != 0 or qa[q, 3] != 0:
             n = st[S_NOUT]
-            oq[n] = q
-            oe[n] = qcur[q]
-            otx[n] = qtx[q]
-            orx[n] = qrx[q]
+            orow[n, 0] = q
+            orow[n, 1] = qa[q, 0]
+            orow[n, 2] = qa[q, 2]
+            orow[n, 3] = qa[q, 3]
             st[S_NOUT] = n + 1
-        qcur[q] = e
-        qtx[q] = 0
-        qrx[q] = 0
-    qtx[q] += tx
-    qrx[q] += rx
+        qa[q, 0] = e
+        qa[q, 2] = 0
+        qa[q, 3] = 0
+    qa[q, 2] += tx
+    qa[q, 3] += rx
 
 
 @numba.njit(cache=True, inline="always")
@@ -123,17 +129,17 @@ def _link_up(t, onset, period, down, flap):
 
 
 @numba.njit(cache=True)
-def _flush(qcur, qtx, qrx, oq, oe, otx, orx, st):
-    for q in range(qcur.shape[0]):
-        if qtx[q] != 0 or qrx[q] != 0:
+def _flush(qa, orow, st):
+    for q in range(qa.shape[0]):
+        if qa[q, 2] != 0 or qa[q, 3] != 0:
             n = st[S_NOUT]
-            oq[n] = q
-            oe[n] = qcur[q]
-            otx[n] = qtx[q]
-            orx[n] = qrx[q]
+            orow[n, 0] = q
+            orow[n, 1] = qa[q, 0]
+            orow[n, 2] = qa[q, 2]
+            orow[n, 3] = qa[q, 3]
             st[S_NOUT] = n + 1
-            qtx[q] = 0
-            qrx[q] = 0
+            qa[q, 2] = 0
+            qa[q, 3] = 0
 
 
 @numba.njit(cache=True)
@@ -143,14 +149,15 @@ def _kernel(t_stop, st, rng, P, FP,
             part_prev, cts_lo, cts_hi, cts_conn, cts_count, ps_lo, ps_hi, ps_conn,
             group_lo, group_hi, group_parts, prog_lo, prog_hi, instr_type, instr_arg, instr_jit,
             ch_conn, ch_bytes, ch_sp, ch_rp, ch_dep, ch_fwd, ch_credit, ch_arrive_consume, ch_grants, ch_seg,
+            ch_dep2, ch_fwd2, seg_wake,
             # anomaly
             nic_tx_f, nic_rx_f, nic_loss, nic_flap, nic_burst, conn_grp, grp_cap, node_cf, node_hang,
-            node_cpu, node_off,
+            node_cpu,
             # dynamic
             node_pc, node_busy, part_issue, part_start, part_end, part_left, pend,
-            conn_next, conn_txhead, conn_prog, conn_debt, conn_carry, conn_wait,
-            ch_arr, ch_cons, seg_first, seg_last, seg_tx, seg_left, live, is_live,
-            qnode, qcur, qend, qtx, qrx, oq, oe, otx, orx,
+            conn_next, conn_txhead, conn_prog, conn_debt, conn_carry, conn_wait, conn_wake,
+            ch_arr, ch_cons, ch_fleft, seg_first, seg_last, seg_tx, seg_left, live, is_live,
+            qa, orow,
             # scratch
             ntx, nrx, txcap, rxcap, usedtx, usedrx, active, rate, crate, gcnt):
     n_nodes = node_pc.shape[0]
@@ -159,7 +166,6 @@ def _kernel(t_stop, st, rng, P, FP,
     n_grp = grp_cap.shape[0]
     onset = P[P_ONSET]
     epoch = P[P_EPOCH]
-    eoff = P[P_EOFF]
     seed = P[P_SEED]
     flap_period = P[P_FLAP_PERIOD]
     flap_down = P[P_FLAP_DOWN]
@@ -243,16 +249,20 @@ def _kernel(t_stop, st, rng, P, FP,
                     st[S_FUTURE] = t + LAT_NS
                 for j in range(ps_lo[p], ps_hi[p]):
                     c = ps_conn[j]
+                    if t < conn_wake[c]:
+                        conn_wake[c] = t
                     if not is_live[c]:
                         is_live[c] = True
                         live[st[S_NLIVE]] = c
                         st[S_NLIVE] += 1
                 for j in range(cts_lo[p], cts_hi[p]):
                     c = cts_conn[j]
+                    if t + LAT_NS < conn_wake[c]:
+                        conn_wake[c] = t + LAT_NS
                     b = CTS_BYTES * cts_count[j]
                     tc = _link_up(t, onset, flap_period, flap_down, nic_flap[conn_src_nic[c]] or nic_flap[conn_dst_nic[c]])
-                    _rec(2 * c + 1, tc, b, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
-                    _rec(2 * c, tc, 0, b, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
+                    _rec(2 * c + 1, tc, b, 0, epoch, qa, orow, st)
+                    _rec(2 * c, tc, 0, b, epoch, qa, orow, st)
                 if part_left[p] == 0:
                     part_end[p] = t
             else:
@@ -273,47 +283,67 @@ def _kernel(t_stop, st, rng, P, FP,
         st[S_NLIVE] = k
         for li in range(k):
             c = live[li]
+            # a blocked proxy is looked at again only when what blocks it can have changed:
+            # conn_wake is the time a blocking value becomes due, or NEVER until an event
+            # (a start, an arrival, a consumption) that can unblock it lowers it
+            if conn_wake[c] > t:
+                continue
             cpu = node_cpu[conn_src_node[c]] and after
             while conn_next[c] < conn_hi[c]:
                 h = conn_next[c]
                 s0 = part_start[ch_sp[h]]
                 if s0 < 0 or s0 > t:
+                    conn_wake[c] = NEVER if s0 < 0 else s0
                     break
                 d = ch_dep[h]
                 if d >= 0 and (ch_arr[d] < 0 or ch_arr[d] > t):
+                    conn_wake[c] = NEVER if ch_arr[d] < 0 else ch_arr[d]
+                    break
+                d = ch_dep2[h]
+                if d >= 0 and (ch_arr[d] < 0 or ch_arr[d] > t):
+                    conn_wake[c] = NEVER if ch_arr[d] < 0 else ch_arr[d]
                     break
                 cs = ch_credit[h]
                 if cs < 0:
                     r0 = part_start[ch_rp[h]]
                     if r0 < 0 or r0 + LAT_NS > t:
+                        conn_wake[c] = NEVER if r0 < 0 else r0 + LAT_NS
                         break
                 elif ch_cons[cs] < 0 or ch_cons[cs] + LAT_NS > t:
+                    conn_wake[c] = NEVER if ch_cons[cs] < 0 else ch_cons[cs] + LAT_NS
                     break
                 if cpu:
                     if conn_wait[c] < 0:
                         conn_wait[c] = t + int(_expo(rng, post_mean))
                     if t < conn_wait[c]:
+                        conn_wake[c] = conn_wait[c]
                         break
                     conn_wait[c] = -1
                 conn_next[c] += 1
                 act = True
-                fw = ch_fwd[h]
-                if fw >= 0:
-                    # posting forwards the received message: its slot is free again
+                for x in range(2):
+                    fw = ch_fwd[h] if x == 0 else ch_fwd2[h]
+                    if fw < 0:
+                        continue
+                    # posting forwards the received message: its slot is free again once
+                    # every post that forwards it is out (a tree node feeding two children)
+                    ch_fleft[fw] -= 1
+                    if ch_fleft[fw] > 0:
+                        continue
                     cons = t
                     if cpu:
                         cons += int(_expo(rng, post_mean))
                         if cons + LAT_NS > st[S_FUTURE]:
                             st[S_FUTURE] = cons + LAT_NS
                     ch_cons[fw] = cons
+                    dc = ch_conn[fw]
+                    if cons + LAT_NS < conn_wake[dc]:
+                        conn_wake[dc] = cons + LAT_NS
                     if ch_grants[fw]:
-                        dc = ch_conn[fw]
                         tc = _link_up(t, onset, flap_period, flap_down,
                                       nic_flap[conn_src_nic[dc]] or nic_flap[conn_dst_nic[dc]])
-                        _rec(2 * dc + 1, tc, CTS_BYTES, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
-                             oq, oe, otx, orx, st)
-                        _rec(2 * dc, tc, 0, CTS_BYTES, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
-                             oq, oe, otx, orx, st)
+                        _rec(2 * dc + 1, tc, CTS_BYTES, 0, epoch, qa, orow, st)
+                        _rec(2 * dc, tc, 0, CTS_BYTES, epoch, qa, orow, st)
         # 4. fair share of NIC capacity
         for k2 in range(n_nic):
             ntx[k2] = 0
@@ -427,6 +457,10 @@ def _kernel(t_stop, st, rng, P, FP,
                         ch_arr[h] = ta
                         if ta > st[S_FUTURE]:
                             st[S_FUTURE] = ta
+                        for x in range(2):
+                            wk = seg_wake[ch_seg[h], x]
+                            if wk >= 0 and ta < conn_wake[wk]:
+                                conn_wake[wk] = ta
                         seg_left[sg] -= 1
                         sp = ch_sp[h]
                         rp = ch_rp[h]
@@ -443,15 +477,32 @@ def _kernel(t_stop, st, rng, P, FP,
                             ch_cons[h] = cons
                             if cons + LAT_NS > st[S_FUTURE]:
                                 st[S_FUTURE] = cons + LAT_NS
+                            if cons + LAT_NS < conn_wake[c]:
+                                conn_wake[c] = cons + LAT_NS
                             if ch_grants[h]:
-                                _rec(2 * c + 1, t, CTS_BYTES, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
-                                     oq, oe, otx, orx, st)
-                                _rec(2 * c, t, 0, CTS_BYTES, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx,
-                                     oq, oe, otx, orx, st)
+                                _rec(2 * c + 1, t, CTS_BYTES, 0, epoch, qa, orow, st)
+                                _rec(2 * c, t, 0, CTS_BYTES, epoch, qa, orow, st)
                 if wire > 0:
                     moved = True
-                    _rec(2 * c, t, wire, 0, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
-                    _rec(2 * c + 1, t, 0, wire, qnode, node_off, eoff, epoch, qcur, qend, qtx, qrx, oq, oe, otx, orx, st)
+                    # _rec of the data on both QPs, written out: this is the hottest spot and
+                    # an inlined call costs atomic reference counting of its array arguments
+                    for side in range(2):
+                        q = 2 * c + side
+                        if t >= qa[q, 1]:
+                            shift = qa[q, 4]
+                            e = (t + shift) // epoch
+                            qa[q, 1] = (e + 1) * epoch - shift
+                            if qa[q, 2] != 0 or qa[q, 3] != 0:
+                                n = st[S_NOUT]
+                                orow[n, 0] = q
+                                orow[n, 1] = qa[q, 0]
+                                orow[n, 2] = qa[q, 2]
+                                orow[n, 3] = qa[q, 3]
+                                st[S_NOUT] = n + 1
+                            qa[q, 0] = e
+                            qa[q, 2] = 0
+                            qa[q, 3] = 0
+                        qa[q, 2 + side] += wire
         if all_done and st[S_NPEND] == 0 and na == 0:
             finished = True
             for c in range(n_conn):
@@ -543,6 +594,8 @@ class RunResult:
     rows_rx: np.ndarray
     t_end_ns: int
     hung: bool
+    ticks: int = 0
+    """Ticks the kernel simulated (quiet stretches jumped over are not counted)."""
 
 
 def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: int,
@@ -582,9 +635,11 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     conn_debt = np.zeros(C, dtype=np.int64)
     conn_carry = np.zeros(C)
     conn_wait = np.full(C, -1, dtype=np.int64)
+    conn_wake = np.zeros(C, dtype=np.int64)
     H = len(job.ch_conn)
     ch_arr = np.full(H, -1, dtype=np.int64)
     ch_cons = np.full(H, -1, dtype=np.int64)
+    ch_fleft = job.ch_fwd_need.copy()
     S = len(job.seg_conn)
     seg_first = np.full(S, -1, dtype=np.int64)
     seg_last = np.full(S, -1, dtype=np.int64)
@@ -596,15 +651,12 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     qnode = np.empty(nq, dtype=np.int64)
     qnode[0::2] = job.conn_src_node
     qnode[1::2] = job.conn_dst_node
-    qcur = np.full(nq, -1, dtype=np.int64)
-    qend = np.full(nq, -(1 << 62), dtype=np.int64)
-    qtx = np.zeros(nq, dtype=np.int64)
-    qrx = np.zeros(nq, dtype=np.int64)
+    qa = np.zeros((nq, 5), dtype=np.int64)
+    qa[:, 0] = -1
+    qa[:, 1] = -(1 << 62)
+    qa[:, 4] = node_off[qnode] + eoff_ns
     cap_rows = nq * (slice_ns // epoch + 4) + nq
-    oq = np.zeros(cap_rows, dtype=np.int64)
-    oe = np.zeros(cap_rows, dtype=np.int64)
-    otx = np.zeros(cap_rows, dtype=np.int64)
-    orx = np.zeros(cap_rows, dtype=np.int64)
+    orow = np.zeros((cap_rows, 4), dtype=np.int64)
     ntx = np.zeros(n_nic, dtype=np.int64)
     nrx = np.zeros(n_nic, dtype=np.int64)
     txcap = np.zeros(n_nic)
@@ -627,19 +679,19 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
                 job.group_lo, job.group_hi, job.group_parts, job.prog_lo, job.prog_hi,
                 job.instr_type, job.instr_arg, job.instr_jit,
                 job.ch_conn, job.ch_bytes, job.ch_sp, job.ch_rp, job.ch_dep, job.ch_fwd, job.ch_credit,
-                job.ch_arrive_consume, job.ch_grants, job.ch_seg,
+                job.ch_arrive_consume, job.ch_grants, job.ch_seg, job.ch_dep2, job.ch_fwd2, job.seg_wake,
                 an.nic_tx_f, an.nic_rx_f, an.nic_loss, an.nic_flap, an.nic_burst, an.conn_grp, an.grp_cap,
-                an.node_cf, an.node_hang, an.node_cpu, node_off,
+                an.node_cf, an.node_hang, an.node_cpu,
                 node_pc, node_busy, part_issue, part_start, part_end, part_left, pend,
-                conn_next, conn_txhead, conn_prog, conn_debt, conn_carry, conn_wait,
-                ch_arr, ch_cons, seg_first, seg_last, seg_tx, seg_left, live, is_live,
-                qnode, qcur, qend, qtx, qrx, oq, oe, otx, orx,
+                conn_next, conn_txhead, conn_prog, conn_debt, conn_carry, conn_wait, conn_wake,
+                ch_arr, ch_cons, ch_fleft, seg_first, seg_last, seg_tx, seg_left, live, is_live,
+                qa, orow,
                 ntx, nrx, txcap, rxcap, usedtx, usedrx, active, rate, crate, gcnt)
         if st[S_DONE] != 0:
-            _flush(qcur, qtx, qrx, oq, oe, otx, orx, st)
+            _flush(qa, orow, st)
         n = int(st[S_NOUT])
         if n:
-            chunks.append((oq[:n].copy(), oe[:n].copy(), otx[:n].copy(), orx[:n].copy()))
+            chunks.append(tuple(orow[:n, i].copy() for i in range(4)))
             st[S_NOUT] = 0
         if progress is not None:
             progress(int(st[S_T]), est)
@@ -650,4 +702,4 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     return RunResult(part_issue=part_issue, part_start=part_start, part_end=part_end,
                      seg_first=seg_first, seg_last=seg_last, seg_tx=seg_tx, seg_left=seg_left,
                      rows_q=rq, rows_e=re_, rows_tx=rtx, rows_rx=rrx, t_end_ns=int(st[S_T]),
-                     hung=bool(st[S_DONE] == 2))
+                     hung=bool(st[S_DONE] == 2), ticks=int(st[S_TICKS]))

@@ -12,11 +12,13 @@ import numpy as np
 from pulse.sim.anomalies import Culprit, build_anomaly
 from pulse.sim.config import ResolvedConfig, SimConfig
 from pulse.sim.engine import RunResult, run_engine
+from pulse.sim.trees import comm_trees
 from pulse.sim.workload import Job, build_job, rail
 
 from pulse import events as ev
+from pulse.errors import EncodeError
 from pulse.records import OpLevel
-from pulse.samples import make_batch
+from pulse.samples import EpochBatch
 from pulse.trace import TraceWriter
 
 T_BASE_NS = 1_796_000_000 * 1_000_000_000
@@ -42,6 +44,8 @@ class SimSummary:
     ops: int
     hung: bool
     out: str
+    algo: str = "ring"
+    """The DP AllReduce algorithm the run used (``--algo``, or auto's choice)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -90,7 +94,7 @@ def simulate(config: SimConfig, out: str | Path,
         scenario=rc.sc.name, seed=cfg.seed, workload=rc.workload, severity=rc.severity, nodes=cfg.nodes,
         gpus=cfg.nodes * cfg.gpus_per_node, nics=cfg.nodes * cfg.nics_per_node, steps=cfg.steps,
         epoch_us=cfg.epoch_us, simulated_s=res.t_end_ns / 1e9, wall_s=time.perf_counter() - wall0,
-        batches=nb, rows=nrows, events=events, ops=issued, hung=res.hung, out=str(out))
+        batches=nb, rows=nrows, events=events, ops=issued, hung=res.hung, out=str(out), algo=job.dp_algo)
 
 
 def _check_out(out: Path) -> None:
@@ -142,17 +146,33 @@ def _write_batches(w: TraceWriter, job: Job, res: RunResult, qpn: np.ndarray, ep
     key = nic * n_batches + batch
     n_nic = cfg.nodes * K
     bounds = np.searchsorted(key, np.arange(n_nic * n_batches + 1))
+    erel = e - batch * W
+    _check_rows(key, flow, erel, tx, rx)
+    cols = [x.astype("<u4") for x in (flow, erel, tx, rx)]
+    bounds = bounds.tolist()
     count = 0
     for k in range(n_nic):
-        node, nk = divmod(k, K)
+        node, nk = node_name(k // K), nic_name(k % K)
         for b in range(n_batches):
             lo, hi = bounds[k * n_batches + b], bounds[k * n_batches + b + 1]
-            w.write_batch(make_batch(
-                node=node_name(node), nic=nic_name(nk), t0_ns=t_grid0 + b * W * epoch, epoch_ns=epoch,
-                batch_seq=b, flow=flow[lo:hi], epoch=e[lo:hi] - b * W, tx_bytes=tx[lo:hi],
-                rx_bytes=rx[lo:hi], job=cfg.job))
+            # rows checked once above (make_batch's rules, vectorised over the whole run)
+            w.write_batch(EpochBatch(node=node, nic=nk, t0_ns=t_grid0 + b * W * epoch, epoch_ns=epoch,
+                                     batch_seq=b, flow=cols[0][lo:hi], epoch=cols[1][lo:hi],
+                                     tx_bytes=cols[2][lo:hi], rx_bytes=cols[3][lo:hi], job=cfg.job))
             count += 1
     return count, len(order)
+
+
+def _check_rows(key: np.ndarray, flow: np.ndarray, epoch: np.ndarray, tx: np.ndarray, rx: np.ndarray) -> None:
+    """The batch rules of pulse.samples for every batch at once: uint32 values, rows strictly
+    sorted by (flow, epoch) within a batch, no row without bytes."""
+    for name, x in (("flow", flow), ("epoch", epoch), ("tx_bytes", tx), ("rx_bytes", rx)):
+        if len(x) and (int(x.min()) < 0 or int(x.max()) > 0xFFFFFFFF):
+            raise EncodeError(f"simulated {name} outside uint32")
+    same = key[1:] == key[:-1]
+    bad = same & ((flow[1:] < flow[:-1]) | ((flow[1:] == flow[:-1]) & (epoch[1:] <= epoch[:-1])))
+    if bad.any() or ((tx == 0) & (rx == 0)).any():
+        raise EncodeError("simulated epoch rows are not strictly sorted or carry no bytes")
 
 
 def _pid(node: int, gpu: int) -> int:
@@ -165,9 +185,12 @@ def _write_events(w: TraceWriter, job: Job, res: RunResult, qpn: np.ndarray, off
     setup = {n: T_BASE_NS + int(offsets[n]) - 2_000_000 for n in range(cfg.nodes)}
     for cm in job.comms:
         for r, (node, gpu) in enumerate(cm.members):
+            # trees are published for comms that run a tree AllReduce (ring-only traces keep
+            # their bytes; NCCL itself logs its trees at init whatever it runs)
+            trees = comm_trees(cm.trees, r, cm.nchannels) if cm.trees else None
             w.write_event(ev.CommEvent(job=name, node=node_name(node), comm_id=cm.comm_id, rank=r,
                                        nranks=len(cm.members), pid=_pid(node, gpu), rings=cm.rings,
-                                       t_host_ns=setup[node], source="sim"))
+                                       trees=trees, t_host_ns=setup[node], source="sim"))
     for c, (ci, ch, sr, dr) in enumerate(job.conns.tolist()):
         cm = job.comms[ci]
         for q, rank, peer, direction in ((2 * c, sr, dr, "send"), (2 * c + 1, dr, sr, "recv")):
@@ -185,6 +208,9 @@ def _write_events(w: TraceWriter, job: Job, res: RunResult, qpn: np.ndarray, off
 
 
 def _op_event(job: Job, p: int, t_host: int) -> ev.OpEvent:
+    # trusted: every value is computed here from the validated config (per-record validation
+    # was a third of the writing time); tests read every trace back through the validating
+    # decoders
     op = job.ops[int(job.part_op[p])]
     cm = job.comms[op.comm]
     rank = int(job.part_rank[p])
@@ -194,15 +220,15 @@ def _op_event(job: Job, p: int, t_host: int) -> ev.OpEvent:
                   seq=op.seq, dtype="bfloat16", proto="simple", nchannels=cm.nchannels, nranks=n,
                   t_host_ns=t_host, source="sim")
     if kind == "AllReduce":
-        return ev.OpEvent(kind=kind, count=op.nbytes // 2, bytes=op.nbytes, algo="ring", **common)
+        return ev.OpEvent.trusted(kind=kind, count=op.nbytes // 2, bytes=op.nbytes, algo=op.algo, **common)
     if kind in ("Send", "Recv"):
         peer = op.dst if kind == "Send" else op.src
-        return ev.OpEvent(kind=kind, count=op.nbytes // 2, bytes=op.nbytes, peer=peer, **common)
+        return ev.OpEvent.trusted(kind=kind, count=op.nbytes // 2, bytes=op.nbytes, peer=peer, **common)
     m = op.matrix
     assert m is not None
     peers = [q for q in range(n) if q != rank]
     sent = [int(m[rank, q]) for q in peers]
-    return ev.OpEvent(kind="GroupP2P", count=sum(sent) // 2, bytes=sum(sent), group=op.seq, peers=peers,
+    return ev.OpEvent.trusted(kind="GroupP2P", count=sum(sent) // 2, bytes=sum(sent), group=op.seq, peers=peers,
                       peer_send_bytes=sent, peer_recv_bytes=[int(m[q, rank]) for q in peers], **common)
 
 
@@ -217,7 +243,7 @@ def _write_oplevel(w: TraceWriter, job: Job, res: RunResult, offsets: np.ndarray
         op = job.ops[int(job.part_op[p])]
         cm = job.comms[op.comm]
         end = int(res.part_end[p])
-        w.write_oplevel(OpLevel(
+        w.write_oplevel(OpLevel.trusted(  # values computed here, as for the op events
             job=cfg.job, node=node_name(int(job.part_node[p])), comm_id=cm.comm_id, rank=int(job.part_rank[p]),
             seq=op.seq, kind=job.part_kind[p], nranks=len(cm.members), start_ns=int(start[i]),
             end_ns=end + T_BASE_NS + int(off[i]) if end >= 0 else None))

@@ -14,6 +14,13 @@ Chunk graph, per (operator, connection) *segment*:
   message forwarding it is posted, or on arrival at the last ring step of a loop.
   (NCCL's SIMPLE ring uses chunkSteps 4 / sliceSteps 2; one slice per chunk keeps the 1 MiB
   slice and avoids modelling the intra-chunk slice pipelining.)
+- tree AllReduce (NCCL's double binary tree, docs/sim.md): per channel, every tree edge
+  carries the channel's share of the data in messages of one NCCL step (512 KiB, halved
+  for small operators as NCCL's tree chunking does). Message j up to the parent needs
+  message j of every child to have arrived (reduce); message j down to a child needs
+  message j from the parent (at the root: from every child) to have arrived (broadcast).
+  A received message is consumed when every message forwarding it has been posted (at a
+  leaf, on arrival).
 - P2P (Send/Recv, grouped): 128 KiB chunks, consumed on arrival.
 - flow control: chunk j of a segment needs the slot freed by the consumption of chunk j-8
   (NCCL_STEPS = 8); the first 8 need the receiver to have started the operator.
@@ -25,6 +32,7 @@ import dataclasses
 
 import numpy as np
 from pulse.sim.config import ResolvedConfig
+from pulse.sim.trees import Tree, channel_tree, choose_algo, double_tree, tree_load
 
 SLOTS = 8
 NET_STEP_BYTES = 512 * 1024
@@ -71,6 +79,8 @@ class Comm:
     nchannels: int
     rings: list[list[int]] | None = None
     nseq: int = 0
+    trees: tuple[Tree, Tree] | None = None
+    """NCCL's double binary tree, set once an operator of the comm runs as a tree."""
 
 
 @dataclasses.dataclass
@@ -83,6 +93,7 @@ class Op:
     src: int = -1  # SendRecv
     dst: int = -1
     matrix: np.ndarray | None = None  # GroupP2P bytes[r, q]
+    algo: str = "ring"
 
 
 def _align(x: np.ndarray | int) -> np.ndarray | int:
@@ -106,9 +117,17 @@ class Builder:
         # segments
         self.seg_conn: list[int] = []
         self.seg_op: list[int] = []
-        self.seg_sizes: list[np.ndarray] = []
+        self.seg_sizes: list[np.ndarray | int] = []
+        """Message sizes of a segment, or for P2P its bytes (P2P_CHUNK_BYTES messages, the
+        last one shorter), expanded in finalize for all segments at once."""
         self.seg_dep_seg: list[int] = []
         self.seg_steps: list[int] = []  # ring steps per loop (0: P2P)
+        self.seg_tree: list[list[int] | None] = []
+        """Tree segments: the segments whose message j message j waits for and forwards."""
+        self.tree_segs: list[int] = []
+        self.seg_n: list[int] = []
+        self.seg_sp: list[int] = []  # sending part
+        self.seg_rp: list[int] = []  # receiving part
         # programs
         self.groups: list[list[int]] = []
         self.programs: list[list[tuple[int, float]]] = [[] for _ in range(rc.cfg.nodes)]
@@ -150,15 +169,26 @@ class Builder:
         c.nseq += 1
         return c.nseq - 1
 
-    def _segment(self, op: int, conn: int, sizes: np.ndarray, dep_seg: int = -1, steps: int = 0) -> int:
+    def _segment(self, op: int, conn: int, sizes: np.ndarray | int, dep_seg: int = -1, steps: int = 0) -> int:
+        _, _, src, dst = self.conns[conn]
+        parts = self.ops[op].parts
+        self.seg_sp.append(parts[src])
+        self.seg_rp.append(parts[dst])
+        if isinstance(sizes, int):
+            self.seg_n.append(-(-sizes // P2P_CHUNK_BYTES) if sizes > 0 else 0)
+        else:
+            self.seg_n.append(len(sizes))
         self.seg_conn.append(conn)
         self.seg_op.append(op)
         self.seg_sizes.append(sizes)
         self.seg_dep_seg.append(dep_seg)
         self.seg_steps.append(steps)
+        self.seg_tree.append(None)
         return len(self.seg_conn) - 1
 
-    def allreduce(self, comm: int, nbytes: int) -> Op:
+    def allreduce(self, comm: int, nbytes: int, algo: str = "ring") -> Op:
+        if algo == "tree":
+            return self.tree_allreduce(comm, nbytes)
         cm = self.comms[comm]
         n = len(cm.members)
         op = self._new_op(comm, "AllReduce", nbytes, list(range(n)), ["AllReduce"] * n)
@@ -182,13 +212,39 @@ class Builder:
                 self.seg_dep_seg[segs[i]] = segs[(i - 1) % n]
         return op
 
+    def tree_allreduce(self, comm: int, nbytes: int) -> Op:
+        cm = self.comms[comm]
+        n = len(cm.members)
+        if cm.trees is None:
+            cm.trees = double_tree(n)
+        op = self._new_op(comm, "AllReduce", nbytes, list(range(n)), ["AllReduce"] * n)
+        op.algo = "tree"
+        oi = len(self.ops) - 1
+        sizes = _tree_sizes(nbytes, cm.nchannels, max(t.depth for t in cm.trees))
+        for ch in range(cm.nchannels):
+            t = channel_tree(cm.trees, ch, cm.nchannels)
+            up = {r: self._segment(oi, self.conn(comm, ch, r, t.parent[r]), sizes)
+                  for r in range(n) if t.parent[r] >= 0}
+            down = {k: self._segment(oi, self.conn(comm, ch, r, k), sizes)
+                    for r in range(n) for k in t.children[r]}
+            for r in range(n):
+                reduced = [up[k] for k in t.children[r]]
+                if t.parent[r] >= 0:
+                    self.seg_tree[up[r]] = reduced
+                    self.tree_segs.append(up[r])
+                for k in t.children[r]:
+                    # the root turns the reduced data around; others pass the parent's down
+                    self.seg_tree[down[k]] = reduced if t.parent[r] < 0 else [down[r]]
+                    self.tree_segs.append(down[k])
+        return op
+
     def sendrecv(self, comm: int, src: int, dst: int, nbytes: int) -> Op:
         cm = self.comms[comm]
         op = self._new_op(comm, "SendRecv", nbytes, [src, dst], ["Send", "Recv"])
         op.src, op.dst = src, dst
         oi = len(self.ops) - 1
         for ch in range(cm.nchannels):
-            self._segment(oi, self.conn(comm, ch, src, dst), _p2p_sizes(-(-nbytes // cm.nchannels)))
+            self._segment(oi, self.conn(comm, ch, src, dst), -(-nbytes // cm.nchannels))
         return op
 
     def group_p2p(self, comm: int, matrix: np.ndarray) -> Op:
@@ -197,12 +253,14 @@ class Builder:
         op = self._new_op(comm, "GroupP2P", 0, list(range(n)), ["GroupP2P"] * n)
         op.matrix = matrix
         oi = len(self.ops) - 1
+        rows = matrix.tolist()
         for r in range(n):
             for q in range(n):
-                if q == r or matrix[r, q] == 0:
+                if q == r or rows[r][q] == 0:
                     continue
+                per_ch = -(-int(rows[r][q]) // cm.nchannels)
                 for ch in range(cm.nchannels):
-                    self._segment(oi, self.conn(comm, ch, r, q), _p2p_sizes(-(-int(matrix[r, q]) // cm.nchannels)))
+                    self._segment(oi, self.conn(comm, ch, r, q), per_ch)
         return op
 
     # -- programs ---------------------------------------------------------------------------
@@ -220,12 +278,22 @@ class Builder:
         self.programs[node].append((WAIT, g))
 
 
-def _p2p_sizes(per_ch: int) -> np.ndarray:
-    if per_ch <= 0:
-        return np.zeros(0, dtype=np.int64)
-    k = -(-per_ch // P2P_CHUNK_BYTES)
-    sizes = np.full(k, P2P_CHUNK_BYTES, dtype=np.int64)
-    sizes[-1] = per_ch - P2P_CHUNK_BYTES * (k - 1)
+def tree_chunk_bytes(nbytes: int, nchannels: int, depth: int) -> int:
+    """NCCL's SIMPLE tree chunk: one 512 KiB step, halved while the operator would give each
+    channel too few chunks to fill the tree's pipeline."""
+    chunk = NET_STEP_BYTES
+    for per_depth, floor in ((8, 128 * 1024), (4, 64 * 1024), (1, 32 * 1024)):
+        while nbytes // (nchannels * chunk) < depth * per_depth and chunk > floor:
+            chunk //= 2
+    return chunk
+
+
+def _tree_sizes(nbytes: int, nchannels: int, depth: int) -> np.ndarray:
+    per_ch = -(-nbytes // nchannels)
+    chunk = tree_chunk_bytes(nbytes, nchannels, depth)
+    k = max(1, -(-per_ch // chunk))
+    sizes = np.full(k, chunk, dtype=np.int64)
+    sizes[-1] = _align(per_ch - chunk * (k - 1))
     return sizes
 
 
@@ -277,11 +345,19 @@ class Job:
     ch_arrive_consume: np.ndarray
     ch_grants: np.ndarray
     ch_seg: np.ndarray
+    ch_dep2: np.ndarray
+    """Second message a post waits for and forwards (tree reduce: the other child)."""
+    ch_fwd2: np.ndarray
+    ch_fwd_need: np.ndarray
+    """Posts that must forward a received message before its slot is free (0: on arrival)."""
+    seg_wake: np.ndarray
+    """[S, 2]: the connections whose messages wait for this segment's (-1: none)."""
     seg_conn: np.ndarray
     seg_op: np.ndarray
     seg_nchunks: np.ndarray
     seg_bytes: np.ndarray
     est_step_ns: float
+    dp_algo: str = "ring"
 
     @property
     def n_parts(self) -> int:
@@ -295,6 +371,9 @@ def rail(rc: ResolvedConfig, gpu: int) -> int:
 def build_job(rc: ResolvedConfig, rng: np.random.Generator) -> Job:
     cfg = rc.cfg
     params = MOE if rc.workload == "moe" else DENSE
+    if cfg.bucket_mb is not None:
+        params = dataclasses.replace(params, bucket_bytes=bucket_bytes(cfg.bucket_mb))
+    dp_algo = choose_algo(cfg.algo, params.bucket_bytes, rc.dp, params.dp_channels, cfg.nic_gbps)
     b = Builder(rc, rng)
     pp, dp, gpus = cfg.pp, rc.dp, cfg.gpus_per_node
     node_of = [[s * dp + d for d in range(dp)] for s in range(pp)]  # [stage][dp index]
@@ -316,7 +395,7 @@ def build_job(rc: ResolvedConfig, rng: np.random.Generator) -> Job:
                  for m in range(M)] for d in range(dp)] for s in range(pp - 1)]
         grad = [[[[b.sendrecv(pp_comm[s][d][g], 1, 0, params.act_bytes) for g in range(gpus)]
                   for m in range(M)] for d in range(dp)] for s in range(pp - 1)]
-        buckets = [[[b.allreduce(dp_comm[s][g], params.bucket_bytes) for g in range(gpus)]
+        buckets = [[[b.allreduce(dp_comm[s][g], params.bucket_bytes, dp_algo) for g in range(gpus)]
                     for _ in range(params.buckets)] for s in range(pp)]
         a2a: list[list[list[list[Op]]]] = []
         if ep_comm is not None:
@@ -396,10 +475,34 @@ def build_job(rc: ResolvedConfig, rng: np.random.Generator) -> Job:
                     b.wait(node, g)
                 b.compute(node, params.opt_ms)
 
-    return finalize(b, rc, params, rng, jit_sigma)
+    job = finalize(b, rc, params, rng, jit_sigma)
+    job.dp_algo = dp_algo
+    return job
 
 
-def _estimate_step_ns(rc: ResolvedConfig, p: WorkloadParams) -> float:
+def _waiters(S: int, ch_seg: np.ndarray, ch_conn: np.ndarray, ch_dep: np.ndarray, ch_dep2: np.ndarray) -> np.ndarray:
+    """Per segment, the (at most two) connections with messages that wait for its arrivals."""
+    h = np.concatenate([np.flatnonzero(ch_dep >= 0), np.flatnonzero(ch_dep2 >= 0)])
+    d = np.concatenate([ch_dep[ch_dep >= 0], ch_dep2[ch_dep2 >= 0]])
+    span = int(ch_conn.max()) + 1 if len(ch_conn) else 1
+    key = np.unique(ch_seg[d] * span + ch_conn[h])
+    pairs = np.stack([key // span, key % span], axis=1).reshape(-1, 2)
+    out = np.full((S, 2), -1, dtype=np.int64)
+    if len(pairs):
+        first = np.r_[True, pairs[1:, 0] != pairs[:-1, 0]]
+        rank = np.arange(len(pairs)) - np.maximum.accumulate(np.where(first, np.arange(len(pairs)), 0))
+        if rank.max() > 1:
+            raise AssertionError("a segment with more than two waiting connections")
+        out[pairs[:, 0], rank] = pairs[:, 1]
+    return out
+
+
+def bucket_bytes(mb: float) -> int:
+    """A gradient bucket of ``mb`` MiB, in whole bfloat16 elements."""
+    return max(2, int(mb * (1 << 20)) // 2 * 2)
+
+
+def _estimate_step_ns(rc: ResolvedConfig, p: WorkloadParams, trees: tuple[Tree, Tree] | None) -> float:
     bw = rc.cfg.nic_gbps / 8.0  # bytes per ns
     n = rc.dp
     M, pp = p.micro_batches, rc.cfg.pp
@@ -408,7 +511,8 @@ def _estimate_step_ns(rc: ResolvedConfig, p: WorkloadParams) -> float:
         per_mb += 4 * p.moe_layers * (n - 1) * p.a2a_peer_bytes / bw
     else:
         per_mb = (p.fwd_ms + p.bwd_ms) * 1e6
-    dp_ns = p.buckets * p.bucket_bytes * 2 * (n - 1) / n / bw
+    load = 2 * (n - 1) / n if trees is None else tree_load(trees, p.dp_channels)
+    dp_ns = p.buckets * p.bucket_bytes * load / bw
     return (M + pp - 1) * per_mb + dp_ns + p.opt_ms * 1e6
 
 
@@ -431,7 +535,12 @@ def finalize(b: Builder, rc: ResolvedConfig, params: WorkloadParams, rng: np.ran
     S = len(b.seg_conn)
     seg_conn = np.array(b.seg_conn, dtype=np.int64)
     seg_op = np.array(b.seg_op, dtype=np.int64)
-    seg_n = np.array([len(x) for x in b.seg_sizes], dtype=np.int64)
+    seg_n = np.array(b.seg_n, dtype=np.int64).reshape(-1)
+    explicit = np.ones(S, dtype=np.bool_)
+    p2p_bytes = np.zeros(S, dtype=np.int64)
+    p2p_idx = [x for x, v in enumerate(b.seg_sizes) if isinstance(v, int)]
+    explicit[p2p_idx] = False
+    p2p_bytes[p2p_idx] = [b.seg_sizes[x] for x in p2p_idx]
     order = np.lexsort((np.arange(S), seg_conn))
     seg_base = np.empty(S, dtype=np.int64)
     seg_base[order] = np.concatenate([[0], np.cumsum(seg_n[order])[:-1]]) if S else np.zeros(0, np.int64)
@@ -442,63 +551,71 @@ def finalize(b: Builder, rc: ResolvedConfig, params: WorkloadParams, rng: np.ran
     conn_hi[:] = np.cumsum(counts)
     conn_lo[:] = conn_hi - counts
 
-    ch_conn = np.empty(H, dtype=np.int64)
-    ch_bytes = np.empty(H, dtype=np.int64)
-    ch_seg = np.empty(H, dtype=np.int64)
+    ops = b.ops
+    P = len(b.part_op)
+    # per segment: its sending and receiving part
+    seg_sp = np.array(b.seg_sp, dtype=np.int64).reshape(-1)
+    seg_rp = np.array(b.seg_rp, dtype=np.int64).reshape(-1)
+    # per message (position h): its segment and index j within it, all segments at once
+    pos = np.arange(H, dtype=np.int64)
+    ch_seg = np.repeat(order, seg_n[order]).astype(np.int64)
+    j = pos - seg_base[ch_seg]
+    n_of = seg_n[ch_seg]
+    ch_conn = seg_conn[ch_seg]
+    ch_sp = seg_sp[ch_seg]
+    ch_rp = seg_rp[ch_seg]
+    # P2P: full chunks but the last; ring and tree: the sizes the builder gave
+    ch_bytes = np.full(H, P2P_CHUNK_BYTES, dtype=np.int64)
+    p2p = np.flatnonzero(~explicit & (seg_n > 0))
+    ch_bytes[seg_base[p2p] + seg_n[p2p] - 1] = p2p_bytes[p2p] - P2P_CHUNK_BYTES * (seg_n[p2p] - 1)
+    for x in np.flatnonzero(explicit & (seg_n > 0)).tolist():
+        ch_bytes[seg_base[x]:seg_base[x] + seg_n[x]] = b.seg_sizes[x]
+    # flow control: message j needs the slot freed by message j - SLOTS of its segment
+    ch_credit = np.where(j >= SLOTS, pos - SLOTS, -1)
+    ch_grants = j < n_of - SLOTS
     ch_dep = np.full(H, -1, dtype=np.int64)
     ch_fwd = np.full(H, -1, dtype=np.int64)
-    ch_credit = np.full(H, -1, dtype=np.int64)
+    ch_dep2 = np.full(H, -1, dtype=np.int64)
+    ch_fwd2 = np.full(H, -1, dtype=np.int64)
     ch_arrive_consume = np.ones(H, dtype=np.bool_)
-    ch_grants = np.zeros(H, dtype=np.bool_)
-    ch_sp = np.empty(H, dtype=np.int64)
-    ch_rp = np.empty(H, dtype=np.int64)
-    ops = b.ops
-    part_pending = np.zeros(len(b.part_op), dtype=np.int64)
-    cts_rows: list[tuple[int, int, int]] = []
-    send_rows: list[tuple[int, int]] = []
-    for sidx in range(S):
-        n = int(seg_n[sidx])
-        if n == 0:
-            continue
-        lo = int(seg_base[sidx])
-        sl = slice(lo, lo + n)
-        conn = int(seg_conn[sidx])
-        _, _, sr, dr = b.conns[conn]
-        op = ops[int(seg_op[sidx])]
-        sp, rp = op.parts[sr], op.parts[dr]
-        j = np.arange(n)
-        ch_conn[sl] = conn
-        ch_bytes[sl] = b.seg_sizes[sidx]
-        ch_seg[sl] = sidx
-        ch_sp[sl] = sp
-        ch_rp[sl] = rp
-        ch_credit[lo + SLOTS:lo + n] = j[:max(0, n - SLOTS)] + lo
-        ch_grants[lo:lo + max(0, n - SLOTS)] = True
-        part_pending[sp] += n
-        part_pending[rp] += n
-        cts_rows.append((rp, conn, min(SLOTS, n)))
-        send_rows.append((sp, conn))
-        steps = b.seg_steps[sidx]
-        dep = b.seg_dep_seg[sidx]
-        if steps and dep >= 0:
-            k, w = np.divmod(j, CHUNK_STEPS)
-            has_dep = (k % steps) != 0
-            dlo = int(seg_base[dep])
-            last_of_slice = (w // SLICE_STEPS) * SLICE_STEPS + SLICE_STEPS - 1
-            ch_dep[sl] = np.where(has_dep, dlo + (k - 1) * CHUNK_STEPS + last_of_slice, -1)
-            ch_fwd[sl] = np.where(has_dep, dlo + j - CHUNK_STEPS, -1)
-            # in-edge message m is forwarded by our message m + CHUNK_STEPS unless m belongs to
-            # the last ring step of a loop (then it is final data, consumed on arrival)
-            consumed_later = ((k + 1) % steps != 0) & (j + CHUNK_STEPS < n)
-            ch_arrive_consume[dlo:dlo + n] = ~consumed_later
-    cts_rows.sort()
-    cts = np.array(cts_rows, dtype=np.int64).reshape(-1, 3)
-    P = len(b.part_op)
+    seg_steps = np.array(b.seg_steps, dtype=np.int64).reshape(-1)
+    seg_dep = np.array(b.seg_dep_seg, dtype=np.int64).reshape(-1)
+    ring = np.flatnonzero((seg_steps[ch_seg] > 0) & (seg_dep[ch_seg] >= 0))
+    if len(ring):
+        jr, nr = j[ring], n_of[ring]
+        steps = seg_steps[ch_seg[ring]]
+        k, w = np.divmod(jr, CHUNK_STEPS)
+        has_dep = (k % steps) != 0
+        dlo = seg_base[seg_dep[ch_seg[ring]]]
+        last_of_slice = (w // SLICE_STEPS) * SLICE_STEPS + SLICE_STEPS - 1
+        ch_dep[ring] = np.where(has_dep, dlo + (k - 1) * CHUNK_STEPS + last_of_slice, -1)
+        ch_fwd[ring] = np.where(has_dep, dlo + jr - CHUNK_STEPS, -1)
+        # in-edge message m is forwarded by our message m + CHUNK_STEPS unless m belongs to
+        # the last ring step of a loop (then it is final data, consumed on arrival); each
+        # ring segment is the in-edge of exactly one other
+        consumed_later = ((k + 1) % steps != 0) & (jr + CHUNK_STEPS < nr)
+        ch_arrive_consume[dlo + jr] = ~consumed_later
+    tree_segs = [x for x in b.tree_segs if b.seg_n[x]]
+    for sidx in tree_segs:
+        lo, n = int(seg_base[sidx]), int(seg_n[sidx])
+        for dep, fwd, d in zip((ch_dep, ch_dep2), (ch_fwd, ch_fwd2), b.seg_tree[sidx] or [], strict=False):
+            dep[lo:lo + n] = fwd[lo:lo + n] = int(seg_base[d]) + np.arange(n)
+    seg_wake = _waiters(S, ch_seg, ch_conn, ch_dep, ch_dep2)
+    fwd_ref = np.concatenate([ch_fwd[ch_fwd >= 0], ch_fwd2[ch_fwd2 >= 0]])
+    ch_fwd_need = np.bincount(fwd_ref, minlength=H).astype(np.int64)
+    for sidx in tree_segs:
+        lo, n = int(seg_base[sidx]), int(seg_n[sidx])
+        ch_arrive_consume[lo:lo + n] = ch_fwd_need[lo:lo + n] == 0
+    nz = seg_n > 0
+    part_pending = (np.bincount(seg_sp[nz], weights=seg_n[nz], minlength=P)
+                    + np.bincount(seg_rp[nz], weights=seg_n[nz], minlength=P)).astype(np.int64)
+    cts = np.stack([seg_rp[nz], seg_conn[nz], np.minimum(SLOTS, seg_n[nz])], axis=1).reshape(-1, 3)
+    cts = cts[np.lexsort((cts[:, 2], cts[:, 1], cts[:, 0]))]
+    send_key = np.unique(seg_sp[nz] * max(C, 1) + seg_conn[nz])
+    sends = np.stack([send_key // max(C, 1), send_key % max(C, 1)], axis=1).reshape(-1, 2)
     cts_lo = np.searchsorted(cts[:, 0], np.arange(P), side="left").astype(np.int64)
     cts_hi = np.searchsorted(cts[:, 0], np.arange(P), side="right").astype(np.int64)
 
-    send_rows = sorted(set(send_rows))
-    sends = np.array(send_rows, dtype=np.int64).reshape(-1, 2)
     ps_lo = np.searchsorted(sends[:, 0], np.arange(P), side="left").astype(np.int64)
     ps_hi = np.searchsorted(sends[:, 0], np.arange(P), side="right").astype(np.int64)
 
@@ -521,7 +638,8 @@ def finalize(b: Builder, rc: ResolvedConfig, params: WorkloadParams, rng: np.ran
     instr_arg = np.array([int(a) for _, a in flat], dtype=np.int64)
     instr_jit = np.exp(rng.normal(0.0, jit_sigma, size=len(flat)))
 
-    seg_bytes = np.array([int(x.sum()) for x in b.seg_sizes], dtype=np.int64)
+    seg_bytes = np.where(explicit, np.bincount(ch_seg, weights=ch_bytes, minlength=S).astype(np.int64),
+                         np.maximum(p2p_bytes, 0)).astype(np.int64)
     return Job(
         rc=rc, params=params, comms=b.comms, ops=ops, conns=conns,
         conn_src_node=src_node, conn_dst_node=dst_node, conn_src_nic=src_nic, conn_dst_nic=dst_nic,
@@ -534,5 +652,6 @@ def finalize(b: Builder, rc: ResolvedConfig, params: WorkloadParams, rng: np.ran
         ch_conn=ch_conn, ch_bytes=ch_bytes, ch_sp=ch_sp, ch_rp=ch_rp, ch_dep=ch_dep, ch_fwd=ch_fwd, ch_credit=ch_credit,
         ch_arrive_consume=ch_arrive_consume, ch_grants=ch_grants, ch_seg=ch_seg,
         seg_conn=seg_conn, seg_op=seg_op, seg_nchunks=seg_n, seg_bytes=seg_bytes,
-        est_step_ns=_estimate_step_ns(rc, params),
+        ch_dep2=ch_dep2, ch_fwd2=ch_fwd2, ch_fwd_need=ch_fwd_need, seg_wake=seg_wake,
+        est_step_ns=_estimate_step_ns(rc, params, next((c.trees for c in b.comms if c.trees), None)),
     )
