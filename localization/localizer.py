@@ -59,6 +59,12 @@ def _node(endpoint: str) -> str:
     return endpoint.split("/", 1)[0]
 
 
+def _excess(fs: list[Finding]) -> float:
+    """Median slowdown of findings over their reference (0.3 = 30 % slower)."""
+    xs = [f.value / f.peers - 1.0 for f in fs if f.metric == "act_ns" and f.peers > 0]
+    return float(np.median(xs)) if xs else 0.0
+
+
 class Localizer:
     """Compares the ranks of each operator and, over a window of operators, names the
     culprit node (or group) and the kind of fault.
@@ -312,7 +318,10 @@ class Localizer:
                 slow[key] = hits
         clean: set[tuple[str, str]] = set()
         if slow:
-            since = min(f.start_ns for fs in slow.values() for f in fs)
+            # Clean observations only count from when the slowness was there: the median
+            # start of the slow hits, not the first (an outlier before the fault began
+            # would let pre-fault traffic pass for clean evidence).
+            since = int(np.median([f.start_ns for fs in slow.values() for f in fs]))
             for key, obs in self._links.items():
                 if key in slow:
                     continue
@@ -331,26 +340,21 @@ class Localizer:
         hits = [f for fs in slow.values() for f in fs]
         clean_pairs = {(_node(a), _node(b)) for a, b in clean}
 
+        host = self._host_hypothesis(slow, clean)
+        if host:
+            return host
         senders = {s for s, _ in pairs}
         if len(senders) == 1 and len(covers) in (1, 2):
-            # Only what x sends is slow. On several of its NICs, while traffic into those
-            # same NICs is normal and its receivers still receive cleanly from others: its
-            # NICs, links and peers are fine (a NIC, PCIe or link fault slows both
-            # directions, a congested downlink every sender), its host is not posting
-            # sends fast enough. Until that clean evidence exists, wait.
+            # Only what x sends is slow, and no host verdict yet: until its receivers are
+            # seen receiving cleanly from others (or slowly, a downlink), wait.
             x = next(iter(senders))
             out_nics = {k[0] for k in slow}
             receivers = {_node(k[1]) for k in slow}
             if len(out_nics) >= self.p.host_min_nics:
-                clean_in_nics = {b for (_a, b) in clean if b in out_nics}
-                rx_ok = all(any(_node(b) == d and _node(a) != x for a, b in clean) for d in receivers)
-                if len(clean_in_nics) >= max(1, len(out_nics) // 2) and rx_ok:
-                    return {("host-contention", (x,)): self._incident(
-                        "host-contention", "node", (x,), hits, culprit=x,
-                        extra={"slow_out_nics": sorted(out_nics), "clean_in_nics": sorted(clean_in_nics)})}
                 rx_slow = any(_node(b) in receivers and _node(a) != x for a, b in slow)
                 in_slow = any(_node(b) == x for a, b in slow)
-                if not (rx_slow or in_slow):
+                rx_ok = all(any(_node(b) == d and _node(a) != x for a, b in clean) for d in receivers)
+                if not (rx_slow or in_slow or rx_ok):
                     return {}
         if len(slow) < 2:
             return {}  # one slow link fits its sender, its receiver and the path alike: wait
@@ -372,6 +376,8 @@ class Localizer:
                 return {("path", (a, b)): self._incident("path", "group", (a, b), hits)}
             if len(nic_pairs) < 2:
                 return {}  # both directions of one NIC pair: either NIC or the path, wait
+            if not all(any(n in cp for cp in clean_pairs) for n in (a, b)):
+                return {}  # nothing yet on a's or b's traffic with third nodes: NIC, host or path
             if len(senders) == 1:
                 x = next(iter(senders))
                 return {("network-slow", (x,)): self._incident("network-slow", "node", (x,), hits, culprit=x)}
@@ -386,6 +392,44 @@ class Localizer:
             remaining = {pair for pair in remaining if best not in pair}
         grp = tuple(sorted(group))
         return {("path", grp): self._incident("path", "group", grp, hits)}
+
+    def _host_hypothesis(self, slow: dict[tuple[str, str], list[Finding]],
+                         clean: set[tuple[str, str]]) -> dict[Key, _Incident]:
+        """A starved host posts its sends late on every NIC it drives. Its own sends slow
+        down far more than what it receives (the receive side keeps slots posted ahead, so
+        a late proxy rarely stalls its senders), which a NIC, PCIe or link fault cannot do:
+        those slow both directions alike. So x is host-contended when every slow link
+        touches x, x's sends are slow on several of its NICs, the traffic into x is clean or
+        much less slow, and the nodes x sends to still receive cleanly from others (else
+        their downlinks are the problem). A link into x that is used and clean, or an
+        out-link of x to another receiver that is slow too, rules out a path that only
+        carries x's traffic one way."""
+        nodes = sorted({_node(a) for a, _ in slow})
+        for x in nodes:
+            if not all(x in (_node(a), _node(b)) for a, b in slow):
+                continue
+            out_links = [k for k in slow if _node(k[0]) == x]
+            out_nics = {k[0] for k in out_links}
+            if len(out_nics) < self.p.host_min_nics:
+                continue
+            out_ex = _excess([f for k in out_links for f in slow[k]])
+            in_links = [k for k in slow if _node(k[1]) == x]
+            in_ex = _excess([f for k in in_links for f in slow[k]]) if in_links else 0.0
+            if out_ex <= 0 or in_ex > self.p.host_in_frac * out_ex:
+                continue
+            receivers = {_node(k[1]) for k in out_links}
+            if not all(any(_node(b) == d and _node(a) != x for a, b in clean) for d in receivers):
+                continue
+            reverse_used = bool(in_links) or any(_node(a) in receivers and _node(b) == x for a, b in clean)
+            if not (reverse_used or len(receivers) >= 2):
+                continue
+            hits = [f for fs in slow.values() for f in fs]
+            clean_in = sorted({b for a, b in clean if _node(b) == x})
+            return {("host-contention", (x,)): self._incident(
+                "host-contention", "node", (x,), hits, culprit=x,
+                extra={"slow_out_nics": sorted(out_nics), "clean_in_nics": clean_in,
+                       "out_excess": round(out_ex, 3), "in_excess": round(in_ex, 3)})}
+        return {}
 
     def _late_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
         out: dict[Key, _Incident] = {}

@@ -68,6 +68,10 @@ class LocalizeParams:
     host_min_nics: int = 2
     """Host contention needs slow sends on at least this many NICs of the node (one
     starved proxy thread serves them all; a single NIC is a NIC fault)."""
+    host_in_frac: float = 0.5
+    """Host contention: the slowdown of traffic into the node may be at most this fraction
+    of its own sends' slowdown (measured: a starved proxy slows its point-to-point sends by
+    x1.8-x8 and what it receives by x1.0-x2.5; NIC and PCIe faults slow both alike)."""
     path_min_links: int = 2
     """Slow NIC-to-NIC links needed before a path or group verdict: a single slow link
     with clean traffic around it fits a NIC fault as well as a path, so wait for more."""
