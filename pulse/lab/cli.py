@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from pulse.errors import ConfigError
+from pulse.lab.analysis import LAB_EPOCH_NS
 
 
 def _echo(msg: str) -> None:
@@ -54,7 +55,7 @@ def lab() -> None:
               help="Healthy steps before the fault is injected.")
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100),
               help="Steps left out of the analysis (DDP set-up collectives no hook sees).")
-@click.option("--epoch-us", default=32, show_default=True, type=click.IntRange(1, 100_000),
+@click.option("--epoch-us", default=LAB_EPOCH_NS // 1000, show_default=True, type=click.IntRange(1, 100_000),
               help="Epoch length for the capture's per-flow bytes.")
 @click.option("--width", default=768, show_default=True, type=click.IntRange(16, 8192),
               help="Hidden width of the DDP job's MLP (sets the gradient bytes per step).")
@@ -101,7 +102,7 @@ def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: in
 @lab.command("analyze")
 @click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100))
-@click.option("--epoch-us", default=32, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--epoch-us", default=LAB_EPOCH_NS // 1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 def analyze_command(workdir: Path, warmup: int, epoch_us: int, as_json: bool) -> None:
     """Analyse again a run kept with `pulse lab run --keep DIR` (no root needed)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -70,9 +71,18 @@ def _run(tmp: Path, mode: str, inject: bool, **env: str) -> Path:
         e.update(PYTHONPATH=str(torch_injection_dir()), PULSE_HOOK_DIR=str(out / "hooks"), PULSE_NODE="n1",
                  PULSE_JOB="t")
     e.update(env)
-    subprocess.run([sys.executable, str(script), str(_port()), str(out), mode], env=e, check=True, timeout=240,
-                   capture_output=True)
-    return out
+    for attempt in range(2):
+        p = subprocess.run([sys.executable, str(script), str(_port()), str(out), mode], env=e, timeout=240,
+                           capture_output=True, text=True)
+        if p.returncode == 0:
+            return out
+        # _port() frees the port before the job binds it: another process on this shared
+        # machine may take it in between; retry that case once, on a clean hook directory
+        if attempt or "address already in use" not in p.stderr.lower():
+            break
+        shutil.rmtree(out / "hooks")
+        (out / "hooks").mkdir()
+    raise AssertionError(f"DDP job ({mode}, inject={inject}, {env}) exited {p.returncode}:\n{p.stderr[-3000:]}")
 
 
 def _params(d: Path, rank: int) -> list:
