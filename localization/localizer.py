@@ -14,6 +14,10 @@ and, after every operator, explains what persists:
   a starved proxy thread slows what the node itself sends). Slow links only between two
   nodes that each still talk cleanly to third nodes are a path (group). Otherwise the
   smallest set of nodes covering the slow links is the group (e.g. one leaf switch).
+* **rail skew** - records that end milliseconds after the same operator on the node's other
+  NICs (one node's clock) implicate that NIC's communicator; the node present in all of
+  them, on one NIC of its own, has a stalling NIC (a flap): network-slow. Two nodes that
+  only ever appear together are reported as a group.
 * **late arrivals** - a node persistently last into collectives whose traffic is normal,
   that does not itself wait for anyone on point-to-point sends, is compute-slow (a node
   that waits on its pipeline peer is late because of that peer).
@@ -34,7 +38,7 @@ from pulse.records import OpMetrics, Verdict
 
 from .params import LocalizeParams
 from .robust import RollingRef
-from .rules import ABSENT, LATE, MISSING, STALL, Finding, LinkObs, OpView, judge
+from .rules import ABSENT, LATE, MISSING, RAIL, STALL, Finding, LinkObs, OpView, judge
 from .topology import Topology
 
 Key = tuple[str, tuple[str, ...]]
@@ -103,9 +107,17 @@ class Localizer:
         self._any_alarm = False
         self._last_end_ns = 0
         self._n_slow = 0
+        self._link_slow: Counter[tuple[str, str]] = Counter()
+        """Slow observations per link window."""
+        self._hot: dict[tuple[str, str], None] = {}
+        """Links with at least persist_ops slow observations (candidates for _link_state)."""
         """Slow observations inside the link windows (no slow link, no network hypothesis)."""
         self._n_late = 0
         """Late findings inside the lateness windows."""
+        self._siblings: dict[tuple[Any, ...], list[tuple[int, int, str]]] = {}
+        """(node, kind, seq, bytes, nranks, member nodes) -> (end_ns, t_host_ns, comm) per NIC."""
+        self._rail: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=64)
+        self._comm_nodes: dict[str, frozenset[str]] = {}
 
     # -- input ------------------------------------------------------------------------------
 
@@ -139,6 +151,8 @@ class Localizer:
                 if m.complete:
                     self._p2p_done[m.comm_id] = max(self._p2p_done.get(m.comm_id, -1), m.seq)
             self._pending[m.comm_id][m.seq][m.rank] = m
+            if m.complete and m.kind != GROUPED and m.t_host_ns is not None:
+                self._siblings.setdefault(self._sibling_key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id))
             self._max_seq[m.comm_id] = max(self._max_seq.get(m.comm_id, -1), m.seq)
             touched.add(m.comm_id)
         return self._close(touched, final=False)
@@ -218,11 +232,19 @@ class Localizer:
         self._last_end_ns = max(self._last_end_ns, max(r.end_ns for r in ordered))
 
         for lk in j.links:
-            win = self._links[(lk.src, lk.dst)]
+            key = (lk.src, lk.dst)
+            win = self._links[key]
             if len(win) == win.maxlen and win[0].slow:
                 self._n_slow -= 1
+                self._link_slow[key] -= 1
             win.append(lk)
-            self._n_slow += lk.slow
+            if lk.slow:
+                self._n_slow += 1
+                self._link_slow[key] += 1
+            if self._link_slow[key] >= self.p.persist_ops:
+                self._hot[key] = None
+            else:
+                self._hot.pop(key, None)
         late = {f.rank: f for f in j.findings if f.kind == LATE}
         if len(ordered) >= self.p.min_ranks and j.judged:
             for i in j.judged:
@@ -244,6 +266,7 @@ class Localizer:
                 self._absent.append(f)
         for i in j.judged:
             self._missing[ordered[i].node] = 0
+        self._judge_rails(comm, ordered, endpoints, peer_eps)
         touched = {_node(e) for e in endpoints}
         return self._decide(touched)
 
@@ -310,7 +333,8 @@ class Localizer:
         """Persistently slow links, and links seen clean since the slowness began (older
         clean observations say nothing about the fault)."""
         slow: dict[tuple[str, str], list[Finding]] = {}
-        for key, obs in self._links.items():
+        for key in self._hot:
+            obs = self._links[key]
             if _node(key[0]) in self._insufficient or _node(key[1]) in self._insufficient:
                 continue
             hits = [o.finding for o in obs if o.slow and o.finding is not None]
@@ -431,8 +455,65 @@ class Localizer:
                        "out_excess": round(out_ex, 3), "in_excess": round(in_ex, 3)})}
         return {}
 
+    def _member_nodes(self, comm: str) -> frozenset[str]:
+        nodes = self._comm_nodes.get(comm)
+        if nodes is None:
+            members = self.topo.members(comm)
+            nodes = frozenset(members.values())
+            if len(members) >= self.topo.nranks.get(comm, 1 << 30):
+                self._comm_nodes[comm] = nodes  # complete: membership no longer changes
+        return nodes
+
+    def _sibling_key(self, m: OpMetrics) -> tuple[Any, ...]:
+        return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, self._member_nodes(m.comm_id) | {m.node})
+
+    def _judge_rails(self, comm: str, ordered: list[OpMetrics], endpoints: list[str],
+                     peer_eps: list[tuple[str, ...]]) -> None:
+        """Compare each record with the same operator on its node's other NICs."""
+        members = self._member_nodes(comm) | {r.node for r in ordered}
+        for i, r in enumerate(ordered):
+            if not r.complete or r.kind == GROUPED or r.t_host_ns is None:
+                continue
+            # siblings: the same operator issued at the same moment on the node's other NICs
+            sib = [e for e, th, c in self._siblings.get(self._sibling_key(r), ())
+                   if c != comm and abs(th - r.t_host_ns) <= self.p.rail_issue_ns]
+            if len(sib) < self.p.rail_min_siblings:
+                continue
+            ref = float(np.median(sib))
+            if r.end_ns - ref >= self.p.rail_late_ns:
+                f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(r.end_ns - ref), 0.0,
+                            "end_after_other_nics_ns", r.start_ns, r.end_ns, peer_eps[i])
+                self._rail.append((f, members))
+        if len(self._siblings) > 50_000:
+            for k in list(self._siblings)[:25_000]:
+                del self._siblings[k]
+
+    def _rail_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
+        while self._rail and self._rail[0][0].end_ns < self._last_end_ns - self.p.rail_keep_ns:
+            self._rail.popleft()
+        if len(self._rail) < self.p.rail_persist:
+            return {}
+        sets = [m for _f, m in self._rail]
+        common = sorted(frozenset.intersection(*sets) - self._insufficient)
+        findings = [f for f, _m in self._rail]
+        if not common or len(common) > 2 or set(common) & explained:
+            return {}
+        for x in common:
+            own = [f.endpoint for f in findings if f.node == x]
+            if not own or Counter(own).most_common(1)[0][1] < self.p.rail_nic_frac * len(own):
+                return {}  # x's late records spread over its NICs: not one NIC (a host)
+        nodes = tuple(common)
+        level = "node" if len(nodes) == 1 else "group"
+        nics = sorted({Counter(f.endpoint for f in findings if f.node == x).most_common(1)[0][0] for x in nodes})
+        inc = self._incident("network-slow", level, nodes, findings, culprit=nodes[0] if level == "node" else None,
+                             extra={"stalled_nics": nics, "comms": sorted({f.comm_id for f in findings})[:8]})
+        inc.nics = nics
+        return {("network-slow", nodes): inc}
+
     def _late_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
         out: dict[Key, _Incident] = {}
+        if not self._n_late:
+            return out
         job_wait = float(np.median(self._all_waits)) if self._all_waits else 0.0
         # Lateness is judged per communicator (the buckets of one step are late
         # together: persistence must span several steps), then per node: most of the
@@ -461,6 +542,10 @@ class Localizer:
         net = self._network_hypotheses()
         hyps.update(net)
         explained = {n for _k, nodes in net for n in nodes} | {n for _k, nodes in hyps for n in nodes}
+        if not hyps:
+            rail = self._rail_hypotheses(explained)
+            hyps.update(rail)
+            explained |= {n for _k, nodes in rail for n in nodes}
         hyps.update(self._late_hypotheses(explained))
         return hyps
 
@@ -493,7 +578,7 @@ class Localizer:
                     {"reason": f"no operator records from {node} in {c} operators its peers completed"},
                     {"ops": c}, self._last_end_ns))
         # Hypotheses only change when some window holds evidence (or an incident may clear).
-        busy = self._n_slow or self._n_late or self._stalls or self._absent or self._incidents
+        busy = self._n_slow or self._n_late or self._stalls or self._absent or self._incidents or self._rail
         hyps = self._hypotheses() if busy else {}
         for key, inc in hyps.items():
             cur = self._incidents.get(key)

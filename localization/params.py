@@ -78,6 +78,26 @@ class LocalizeParams:
     max_group: int = 4
     """Largest group reported when no single node explains the slow links."""
 
+    # -- rail skew (one NIC stalls: flaps, pauses) ---------------------------------------------
+    rail_late_ns: int = 2_000_000
+    """A record is rail-late when it ends this much after the median end of the same
+    operator on the node's other NICs (same node clock, so no offset is involved). Healthy
+    siblings end within an epoch or two (measured max 32 us at 32 us epochs); a GPU or
+    host straggler delays every NIC of its node alike. 2 ms is 60x that."""
+    rail_issue_ns: int = 1_000_000
+    """...compared only with records of the same operator issued within this of it (same
+    node clock): parallel communicators that run one after another are not siblings."""
+    rail_min_siblings: int = 3
+    """Other NICs' records of the same operator needed for the comparison."""
+    rail_persist: int = 3
+    """Rail-late records (naming the same culprit) needed before a verdict."""
+    rail_nic_frac: float = 0.75
+    """...and this fraction of the culprit's own rail-late records must be on one NIC (a
+    NIC fault stalls one rail; a starved host delays whichever NIC it reaches last)."""
+    rail_keep_ns: int = 2_000_000_000
+    """Rail-late records older than this (trace time) no longer count, so an incident
+    clears after the NIC recovered."""
+
     # -- fail-stop -----------------------------------------------------------------------
     stop_frac: float = 0.5
     """A stall is a stop once some stalled record sent at most this fraction of its
@@ -106,6 +126,15 @@ class LocalizeParams:
     late_comm_frac: float = 0.75
     """Fraction of the node's communicators that must be persistently late: a GPU or
     host straggler delays all of them."""
+    late_overrides_act: bool = True
+    """In an operator where some rank arrived late by ``late_override_ns``, ACT outliers of
+    its peers are waiting, not network (found in the lab: a CPU-starved receiver, ~300 ms
+    late, stalls its TCP sender, whose ACT then grows by x1.3-1.4)."""
+    late_override_ns: int = 50_000_000
+    """...late by at least this (and ``late_min_ns``). A node whose own downlink is
+    congested also arrives late (its pipeline receives are slow), by a few ms at the
+    battery's worst (6.5 ms measured): its ring's ACT outliers are real network evidence.
+    Waiting dwarfs the operator's own length (a few ms) only at tens of ms."""
     late_ratio: float = 0.0
     """...and by at least this fraction of the peers' median span (0: off)."""
 
@@ -122,7 +151,7 @@ class LocalizeParams:
     def __post_init__(self) -> None:
         for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
                      "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
-                     "max_group"):
+                     "max_group", "rail_min_siblings", "rail_persist"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
         if self.persist_ops > self.window_ops:

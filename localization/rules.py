@@ -15,6 +15,9 @@ An operator yields *observations*, which the localizer accumulates over a window
   its peers waited for it (compute straggler).
 * **waits** - how long each point-to-point send waited between issue and first byte (one
   node's clock): a rank that keeps waiting for a peer is a victim, not a straggler.
+* **rail skew** (judged by the localizer, across communicators) - a record that ended much
+  later than the same operator (kind, seq, bytes, members) on the node's other NICs, on
+  the node's own clock: something on that one NIC's paths stalled.
 * **stalls** - records of operators that stopped making progress, with the links they
   could not finish; members that never started an operator their peers are stuck in;
   members missing while their peers completed (their data is missing, not their op).
@@ -40,6 +43,7 @@ LATE = "late"        # arrived late with normal traffic: compute-slow
 STALL = "stall"      # stopped making progress: network-stop
 ABSENT = "absent"    # never started an operator its peers are stuck in: compute-stop
 MISSING = "missing"  # no record while its peers completed: insufficient-data
+RAIL = "rail"        # ended far later than the same operator on the node's other NICs
 
 
 def _round(x: float) -> float:
@@ -161,8 +165,20 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
             if r.t_host_ns is not None:
                 out.waits.append((r.node, float(r.start_ns - r.t_host_ns)))
     slow = any(lk.slow for lk in out.links)
-    if n >= p.min_ranks and not slow:
-        _judge_late(view, p, out)
+    if n >= p.min_ranks:
+        late = Judgement()
+        _judge_late(view, p, late)
+        waited = [f for f in late.findings if f.peers - f.value >= p.late_override_ns]
+        if slow and waited and p.late_overrides_act:
+            # A rank that arrived tens of ms late kept its peers waiting on it: a peer
+            # sending into a receiver that does not drain (TCP window, no posted buffers)
+            # is active without moving, so its ACT says nothing about the network here.
+            # Retransmission surplus stays: that is the network whoever is late.
+            out.links = [lk for lk in out.links if lk.finding is None or lk.finding.metric != "act_ns"]
+            out.findings = [f for f in out.findings if f.metric != "act_ns"]
+            slow = any(lk.slow for lk in out.links)
+        if not slow:
+            out.findings += late.findings
     return out
 
 

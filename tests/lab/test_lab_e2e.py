@@ -72,14 +72,7 @@ def test_healthy_run_raises_no_alarm(results: dict[str, dict]) -> None:
     assert r["pulse"]["anomalies"] == [] and r["pulse"]["correct"]
 
 
-CPU_VICTIM = pytest.mark.xfail(strict=False, reason=(
-    "known open problem (issue 10), needs a localizer rule (docs/lab.md, 'CPU quota at 256 us'): "
-    "the throttled rank's ring predecessor stalls on its receive window, its ACT at 256 us epochs "
-    "is 1.3-1.4x, and lateness is not judged in operators with a slow link; wrong node in 3 of 6 "
-    "kept cpu runs and 2 of 5 runs of this test"))
-
-
-@pytest.mark.parametrize("name", ["rate-200mbit", "rate-2gbit", "loss", pytest.param("cpu", marks=CPU_VICTIM)])
+@pytest.mark.parametrize("name", ["rate-200mbit", "rate-2gbit", "loss", "cpu"])
 def test_pulse_names_the_node_and_the_kind_family(results: dict[str, dict], name: str) -> None:
     r = results[name]
     assert r["pulse"]["correct"], r["pulse"]

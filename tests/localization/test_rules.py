@@ -246,3 +246,106 @@ def test_grouped_p2p_rate_blame_when_enabled_names_the_low_rank():
              params=LocalizeParams(rate_blame=True))
     # only its sends are slow, the sends into it are not: a send-side (host) cause
     assert {nodes for _k, _l, nodes in culprits(vs)} == {("node-02",)}
+
+
+# -- rail skew: one NIC that stalls now and then (a flap) -------------------------------------
+
+def _aligned(stall: dict[str, set[int]] | None = None, delay: int = 6_000_000):
+    """Operators of every rail issued together (as a node's GPUs issue them); the listed
+    communicators' operators end ``delay`` later (their NIC stalled, traffic waited)."""
+    def f_(comm, seq, r, f):
+        k = int(comm[2:])
+        f["start_ns"] -= k * 5_000_000
+        f["t_host_ns"] -= k * 5_000_000
+        if stall and seq in stall.get(comm, ()):
+            f["duration_ns"] += delay
+        return f
+    return f_
+
+
+def _p2p(pairs: dict[str, tuple[int, int]], rails: int, ops: int, stall: dict[str, set[int]], delay: int = 6_000_000):
+    """Point-to-point sends both ways between node pairs, one communicator per rail."""
+    from pulse.events import CommEvent, FlowEvent
+    from pulse.records import OpMetrics
+    evs, ms, flow = [], [], 10_000
+    for name, (a, b) in pairs.items():
+        for k in range(rails):
+            comm = f"{name}{k}"
+            for rank, nd in enumerate((a, b)):
+                evs.append(CommEvent(job="job", node=synth.node(nd), comm_id=comm, rank=rank, nranks=2, pid=1, rings=[[0, 1]]))
+                evs.append(FlowEvent(job="job", node=synth.node(nd), nic=f"mlx5_{k}", flow=flow, comm_id=comm, rank=rank,
+                                     peer=1 - rank, channel=0, direction="send"))
+                flow += 1
+            for seq in range(ops):
+                for rank, nd in enumerate((a, b)):
+                    t_host = seq * synth.PERIOD + 2_000_000 + rank * 7_000_000
+                    start = t_host + 50_000
+                    dur = 400_000 + (delay if seq in stall.get(comm, ()) and rank == 0 else 0)
+                    ms.append(OpMetrics(job="job", node=synth.node(nd), comm_id=comm, seq=seq, rank=rank, kind="Send",
+                                        nranks=2, start_ns=start, end_ns=start + dur, duration_ns=dur, act_ns=320_000,
+                                        volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True,
+                                        active_rate=(8 << 20) / 320e-6, flows=1, epoch_ns=synth.EPOCH,
+                                        nics=[f"mlx5_{k}"], t_host_ns=t_host))
+    return evs, ms
+
+
+def test_flapping_nic_is_named_from_the_communicators_its_stalls_share():
+    # node-02's NIC on rail 1 drops out now and then: whatever runs on it at that moment
+    # ends milliseconds after the same operator on the other rails (the ring of rail 1,
+    # node-02's sends to node-03 and to node-01); ACT stays normal
+    stalls = {"dp1": {12, 20, 28}, "pa1": {14, 22, 30}, "pb1": {16, 24, 32}}
+    pevs, pms = _p2p({"pa": (2, 3), "pb": (2, 1)}, 4, 40, stalls)
+    ms = synth.metrics(4, 4, tweak=_aligned(stalls)) + pms
+    vs = localize(ms, synth.events(4, 4) + pevs, LocalizeParams())
+    # while only the ring and the sends to node-03 stalled, node-02 and node-03 are the
+    # pair in common (a group); the sends to node-01 single out node-02
+    assert all(v.kind == "network-slow" and "node-02" in v.nodes for v in anomalies(vs))
+    assert ("network-slow", "node", ("node-02",)) in culprits(vs)
+    v = next(v for v in anomalies(vs) if v.level == "node")
+    assert v.nics == ["node-02/mlx5_1"]
+    assert v.evidence["rule"].get("rail")
+
+
+def test_rail_skew_spread_over_a_nodes_nics_is_not_a_nic():
+    # late ends on every rail in turn (a host reaching its NICs late), not one NIC
+    stalls = {f"pa{k}": {12 + 2 * k, 20 + 2 * k} for k in range(4)}
+    pevs, pms = _p2p({"pa": (2, 3), "pb": (2, 1)}, 4, 40, stalls)
+    vs = localize(synth.metrics(4, 4, tweak=_aligned()) + pms, synth.events(4, 4) + pevs, LocalizeParams())
+    assert not any(v.kind == "network-slow" for v in anomalies(vs))
+
+
+def test_operators_issued_apart_are_not_rail_siblings():
+    # the default synthetic rails run 5 ms apart: their ends differ by design
+    pevs, pms = _p2p({"pa": (2, 3)}, 4, 40, {})
+    assert not anomalies(localize(synth.metrics(4, 4) + pms, synth.events(4, 4) + pevs, LocalizeParams()))
+
+
+def test_late_rank_turns_its_peers_act_outliers_into_waiting():
+    # node-02 arrives 60 ms late; the rank sending into it looks busy (its sends cannot
+    # drain into a receiver that is not there): compute, not network
+    def f_(comm, seq, r, f):
+        if seq >= ONSET:
+            if r == 2:
+                f["t_host_ns"] += 60_000_000
+            else:
+                f["duration_ns"] += 60_000_000
+            if r == 1:
+                f["act_ns"] = int(f["act_ns"] * 1.5)
+        return f
+    assert culprits(run(f_)) == {("compute-slow", "node", ("node-02",))}
+    off = LocalizeParams(late_overrides_act=False)
+    assert ("compute-slow", "node", ("node-02",)) not in culprits(run(f_, params=off))
+
+
+def test_a_few_ms_late_does_not_explain_away_real_network_slowness():
+    # a node behind a congested downlink arrives a few ms late too: its ring's ACT stays evidence
+    def f_(comm, seq, r, f):
+        if seq >= ONSET:
+            if r == 2:
+                f["t_host_ns"] += 6_000_000
+            else:
+                f["duration_ns"] += 6_000_000
+            if r in (1, 2) and comm == "dp0":
+                f["act_ns"] = int(f["act_ns"] * 1.6)
+        return f
+    assert ("network-slow", "node", ("node-02",)) in culprits(run(f_))
