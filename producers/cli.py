@@ -44,12 +44,15 @@ def _report(opts: _Opts, summary: dict[str, Any]) -> None:
 @click.option("--partitions", type=int, help="Partitions of samples/hook-events when creating them.")
 @click.option("--compression", type=click.Choice(["zstd", "lz4", "gzip", "none"]), default="zstd", show_default=True)
 @click.option("--linger-ms", type=int, default=5, show_default=True, help="Batching delay of the producer.")
+@click.option("--coalesce-ms", type=float, default=20.0, show_default=True,
+              help="Merge a NIC's consecutive epoch batches into one message for up to this long (0 = off).")
 @click.option("--spool-dir", type=click.Path(file_okay=False), help="Disk spool (default PULSE_SPOOL_DIR).")
 @click.option("--spool-max-bytes", type=int, help="Spool bound (default PULSE_SPOOL_MAX_BYTES).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.pass_context
 def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitions: int | None, compression: str,
-            linger_ms: int, spool_dir: str | None, spool_max_bytes: int | None, as_json: bool) -> None:
+            linger_ms: int, coalesce_ms: float, spool_dir: str | None, spool_max_bytes: int | None,
+            as_json: bool) -> None:
     """Publish epoch batches (pulse.samples) and hook events (pulse.hook-events), keyed by node.
 
     When the broker is unreachable, messages wait in a bounded disk spool and are sent in
@@ -60,7 +63,9 @@ def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitio
         spool_dir=Path(spool_dir) if spool_dir else None, spool_max_bytes=spool_max_bytes)
     if not s.broker:
         raise ConfigError("no broker: set PULSE_BROKER or --broker host:port (pulse broker runs an embedded one)")
-    ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms}, as_json)
+    if coalesce_ms < 0:
+        raise ConfigError(f"--coalesce-ms {coalesce_ms}: must be >= 0 (0 = off)")
+    ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms, "coalesce_ms": coalesce_ms}, as_json)
 
 
 async def _publish_trace(opts: _Opts, trace_dir: str, speed: float) -> dict[str, Any]:

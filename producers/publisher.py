@@ -18,18 +18,26 @@ import collections
 import contextlib
 import logging
 import time
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from pulse import events as _events
 from pulse import samples as _samples
 from pulse.errors import ConfigError, ServiceError
 from pulse.settings import Settings
 
+from .coalesce import Coalescer
 from .spool import Spool
 
 log = logging.getLogger("pulse.producers")
 
 COMPRESSIONS = ("zstd", "lz4", "gzip", "none")
+SEQ_STATE_FILE = "coalesce-seq.json"
+SEQ_STATE_EVERY_S = 1.0
+# Merged batches a crashed publisher may have numbered after its last save (20 ms each).
+UNCLEAN_SEQ_MARGIN = 64
 
 
 class Publisher:
@@ -39,7 +47,8 @@ class Publisher:
                  linger_ms: int = 5, max_batch_bytes: int = 1 << 20, send_timeout_s: float = 5.0,
                  max_inflight: int = 2000, spool_dir: str | None = None, spool_max_bytes: int | None = None,
                  create_topics: bool = True, client_id: str = "pulse-producer",
-                 retry_backoff_s: tuple[float, float] = (0.2, 5.0), probe_interval_s: float = 0.1) -> None:
+                 retry_backoff_s: tuple[float, float] = (0.2, 5.0), probe_interval_s: float = 0.1,
+                 coalesce_ms: float = 0.0, coalesce_rows: int = 16384) -> None:
         if compression not in COMPRESSIONS:
             raise ConfigError(f"compression {compression!r}: use one of {', '.join(COMPRESSIONS)}")
         self.settings = settings
@@ -56,6 +65,9 @@ class Publisher:
         self.client_id = client_id
         self.backoff = retry_backoff_s
         self.probe_interval_s = probe_interval_s
+        # A NIC's consecutive batches merge into one message for up to coalesce_ms (0 = off):
+        # per-message costs downstream dwarf the bytes (see coalesce.py).
+        self.coalescer = Coalescer(max_age_s=coalesce_ms / 1000, max_rows=coalesce_rows) if coalesce_ms > 0 else None
         self.spool = Spool(spool_dir or settings.spool_dir,
                            settings.spool_max_bytes if spool_max_bytes is None else spool_max_bytes)
         self._producer: Any = None
@@ -86,6 +98,9 @@ class Publisher:
         self._tasks = [asyncio.create_task(self._settle_loop(), name="pulse-settle"),
                        asyncio.create_task(self._reconnect_loop(), name="pulse-reconnect"),
                        asyncio.create_task(self._watchdog(), name="pulse-watchdog")]
+        if self.coalescer is not None:
+            self._load_seq_state()
+            self._tasks.append(asyncio.create_task(self._coalesce_loop(), name="pulse-coalesce"))
         if wait_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wait_up(), wait_s)
@@ -97,6 +112,7 @@ class Publisher:
     async def stop(self, *, drain_timeout_s: float = 30.0) -> None:
         """Confirm what is in flight and try to drain the spool for up to ``drain_timeout_s``;
         what is left stays on disk for the next run."""
+        await self._send_coalesced()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.flush(), drain_timeout_s)
         self._closing = True
@@ -111,6 +127,7 @@ class Publisher:
         self._tasks = []
         # Whatever is still unconfirmed goes to disk so a later run can send it.
         self._spool_inflight()
+        self._save_seq_state(clean=True)
         self.spool.close()
         await self._close_producer()
         if not self.spool.empty:
@@ -119,6 +136,7 @@ class Publisher:
 
     async def flush(self) -> None:
         """Return once every message given so far is confirmed by the broker (spool drained)."""
+        await self._send_coalesced()
         while True:
             if self._inflight:
                 with contextlib.suppress(Exception):
@@ -135,12 +153,65 @@ class Publisher:
         return {"sent": self.sent, "confirmed": self.confirmed, "bytes": self.bytes_sent,
                 "inflight": len(self._inflight), "spool_bytes": self.spool.bytes,
                 "spooled": self.spool.spooled, "delivered_from_spool": self.delivered_from_spool,
-                "dropped": self.spool.dropped, "outages": self.outages, "connected": self._up}
+                "dropped": self.spool.dropped, "outages": self.outages, "connected": self._up,
+                **({"batches_in": self.coalescer.batches_in, "batches_out": self.coalescer.batches_out,
+                    "source_gaps": self.coalescer.source_gaps} if self.coalescer is not None else {})}
 
     # -- publishing ----------------------------------------------------------------------
 
     async def publish_batch(self, batch: _samples.EpochBatch) -> None:
-        await self.publish(self.topics.samples, batch.node.encode(), _samples.encode(batch))
+        if self.coalescer is None:
+            await self.publish(self.topics.samples, batch.node.encode(), _samples.encode(batch))
+            return
+        for b in self.coalescer.add(batch, time.monotonic()):
+            await self.publish(self.topics.samples, b.node.encode(), _samples.encode(b))
+
+    async def _send_coalesced(self, now: float | None = None) -> None:
+        """Send the merged batches that are due (all of them when ``now`` is None)."""
+        if self.coalescer is None or not len(self.coalescer):
+            return
+        ready = self.coalescer.drain() if now is None else self.coalescer.due(now)
+        for b in ready:
+            await self.publish(self.topics.samples, b.node.encode(), _samples.encode(b))
+
+    async def _coalesce_loop(self) -> None:
+        assert self.coalescer is not None
+        tick = max(self.coalescer.max_age_s / 2, 0.001)
+        saved = time.monotonic()
+        while True:
+            await asyncio.sleep(tick)
+            await self._send_coalesced(time.monotonic())
+            if time.monotonic() - saved >= SEQ_STATE_EVERY_S:
+                self._save_seq_state(clean=False)
+                saved = time.monotonic()
+
+    @property
+    def _seq_state_path(self) -> Path:
+        return Path(self.spool.dir) / SEQ_STATE_FILE
+
+    def _load_seq_state(self) -> None:
+        """Merged batches' numbering of the previous publisher on this spool (see coalesce.py).
+        After a crash the saved numbers may be up to SEQ_STATE_EVERY_S old: skip ahead."""
+        assert self.coalescer is not None
+        try:
+            data = orjson.loads(self._seq_state_path.read_bytes())
+            self.coalescer.restore(data["nics"], margin=0 if data.get("clean") else UNCLEAN_SEQ_MARGIN)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("ignoring %s (%s): merged batch numbering starts afresh", self._seq_state_path, exc)
+
+    def _save_seq_state(self, *, clean: bool) -> None:
+        if self.coalescer is None:
+            return
+        path = self._seq_state_path
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(orjson.dumps({"v": 1, "clean": clean, "nics": self.coalescer.state()}))
+            tmp.replace(path)
+        except OSError as exc:
+            log.warning("cannot save %s: %s", path, exc)
 
     async def publish_event(self, event: _events.HookEvent) -> None:
         await self.publish(self.topics.hook_events, event.node.encode(), _events.encode(event))
@@ -151,7 +222,10 @@ class Publisher:
             self._wake.set()
             return
         try:
-            fut = await asyncio.wait_for(self._producer.send(topic, value, key=key), self.send_timeout_s)
+            # asyncio.timeout, not wait_for: no task per message (wait_for made one, and that
+            # was most of the publisher's cost per message).
+            async with asyncio.timeout(self.send_timeout_s):
+                fut = await self._producer.send(topic, value, key=key)
         except Exception as exc:  # broker gone, metadata timeout, buffer full for too long
             self._down(exc)
             self.spool.append(topic, key, value)

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
+from aiokafka.partitioner import murmur2
 
 from pulse.records import Verdict
 from pulse.settings import Settings
@@ -39,12 +40,21 @@ from .state import LocalizeState, Message, Output, SegmentState
 log = logging.getLogger("pulse.streams")
 
 PIPELINE_INTERVAL_S = 0.5
+HANDED_LIMIT = 1 << 18
 
 
 async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None = None,
-                    timeout_s: float = 60.0) -> list[Message]:
+                    timeout_s: float = 60.0, idle_s: float = 0.5, stuck_s: float = 5.0) -> list[Message]:
     """Messages of ``topic`` from the start up to ``upto`` (partition -> offset, exclusive;
-    default: the current end), with no consumer group and nothing committed."""
+    default: the current end), with no consumer group and nothing committed.
+
+    The broker's end offsets are not trusted as a stop: Tansu's ListOffsets(latest) answers
+    the last record *batch*'s base offset + 1, so a partition whose last batch holds many
+    records (a fast producer) reports an end far below its real one. With ``upto`` the read
+    goes on until each partition reached its offset (what a group committed exists), giving
+    up on a partition only after ``stuck_s`` without a message (committed past the data: a
+    broker that lost it); without ``upto`` it reads until a partition is past its reported
+    end and idle for ``idle_s``."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
@@ -59,18 +69,38 @@ async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None =
             return out
         c.assign(tps)
         await c.seek_to_beginning(*tps)
-        ends = await c.end_offsets(tps)
-        stop = {tp: ends[tp] if upto is None else min(ends[tp], upto.get(tp.partition, 0)) for tp in tps}
-        todo = {tp for tp in tps if stop[tp] > 0}
+        # Without ``upto`` a partition is done once past its reported end and quiet.
+        ends = await c.end_offsets(tps) if upto is None else {}
+        stop = {tp: None if upto is None else upto.get(tp.partition, 0) for tp in tps}
+        todo = {tp for tp in tps if upto is None or upto.get(tp.partition, 0) > 0}
+        nxt = dict.fromkeys(tps, 0)  # the offset after the last one read
+        seen = dict.fromkeys(tps, time.monotonic())
         deadline = time.monotonic() + timeout_s
         while todo and time.monotonic() < deadline:
             batch = await c.getmany(*todo, timeout_ms=200)
+            now = time.monotonic()
             for tp, msgs in batch.items():
-                for m in msgs:
-                    if m.offset < stop[tp]:
-                        out.append(Message(topic, m.key, m.value, m.partition, m.offset, m.timestamp))
-                if msgs and msgs[-1].offset + 1 >= stop[tp]:
+                end = stop[tp]
+                out += [Message(topic, m.key, m.value, m.partition, m.offset, m.timestamp)
+                        for m in msgs if end is None or m.offset < end]
+                if msgs:
+                    nxt[tp], seen[tp] = msgs[-1].offset + 1, now
+            for tp in list(todo):
+                end, quiet = stop[tp], now - seen[tp]
+                if end is None:
+                    done = nxt[tp] >= ends[tp] and quiet >= idle_s
+                elif nxt[tp] >= end:
+                    done = True
+                elif quiet >= stuck_s:
+                    log.warning("%s[%d]: nothing after offset %d, below %d: read back stops there",
+                                topic, tp.partition, nxt[tp], end)
+                    done = True
+                else:
+                    done = False
+                if done:
                     todo.discard(tp)
+        if todo:
+            log.warning("%s: read back timed out after %.0f s", topic, timeout_s)
     finally:
         await c.stop()
     return out
@@ -114,7 +144,7 @@ class Pipeline:
 
     def __init__(self, settings: Settings, *, bootstrap: str | None = None, influx: InfluxSink | None = None,
                  segment_params: Any = None, localize_params: Any = None, chunk: int = 1024,
-                 within_s: float = 0.01, on_verdicts: Callable[[list[Verdict]], None] | None = None,
+                 within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
                  session_timeout_s: float = 10.0) -> None:
         self.settings = settings
         self.bootstrap = bootstrap or settings.broker
@@ -133,6 +163,10 @@ class Pipeline:
         self.verdicts_sent = 0
         self.dead_sent = 0
         self.started_ns = time.time_ns()
+        self.input_done_at_ns = 0
+        self.seeded: set[str] = set()
+        self._handed: dict[bytes, int] = {}
+        self._local_tasks: set[asyncio.Task[None]] = set()
         self.app = self._build()
 
     def _build(self) -> Any:
@@ -156,22 +190,17 @@ class Pipeline:
         dead = app.topic(t.dead_letter, partitions=1, **raw)
         pipeline = app.topic(t.pipeline, partitions=1, **raw)
         self.topic_objects = {"op_metrics": op_metrics, "verdicts": verdicts, "dead": dead, "pipeline": pipeline}
-        loop_pools = (self._seg_pool, self._loc_pool)
-        del loop_pools
 
         @app.agent(inputs, name="pulse-segment")
         async def segment(stream: Any) -> None:
             await self._seed_segmenters()
+            self.seeded.add("segment")
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
                 msgs = [self._message(ev) for ev in chunk]
                 out = await self._run(self._seg_pool, self.segment_state.handle, msgs)
+                self.input_done_at_ns = time.time_ns()
                 self._note_lag("segment", chunk)
-                # Straight to the producer: raw bytes need none of Topic.send's
-                # serialisation and bookkeeping, which cost more than the send itself
-                # (stream_publish_on_commit is off: Topic.send publishes at once too).
-                send = app.producer.send
-                for key, value in out.op_metrics:
-                    await send(t.op_metrics, key, value, None, None, None)
+                await self._publish_op_metrics(app, out.op_metrics, verdicts)
                 if self.influx is not None and out.metrics:
                     self.influx.add_metrics(out.metrics)
                 await self._dead(out, dead)
@@ -179,10 +208,13 @@ class Pipeline:
         @app.agent(op_metrics, name="pulse-localize")
         async def localize(stream: Any) -> None:
             await self._seed_localizers()
+            self.seeded.add("localize")
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
-                msgs = [self._message(ev) for ev in chunk]
-                out = await self._run(self._loc_pool, self.localize_state.handle, msgs)
+                msgs = [m for m in (self._message(ev) for ev in chunk) if not self._handed_over(m)]
                 self._note_lag("localize", chunk)
+                if not msgs:
+                    continue
+                out = await self._run(self._loc_pool, self.localize_state.handle, msgs)
                 await self._send_verdicts(out.verdicts, verdicts)
                 await self._dead(out, dead)
 
@@ -222,6 +254,55 @@ class Pipeline:
         m = ev.message
         return Message(topic=m.topic, key=m.key, value=m.value, partition=m.partition, offset=m.offset,
                        timestamp=m.timestamp)
+
+    def _op_metrics_partition(self, key: bytes) -> int:
+        # aiokafka's default partitioner, computed here so the partition is known before
+        # sending (records of a local partition go to the local localizer directly).
+        return (murmur2(key) & 0x7FFFFFFF) % self.settings.partitions
+
+    async def _publish_op_metrics(self, app: Any, records: list[tuple[bytes, bytes]], verdicts: Any) -> None:
+        """Send op-metrics (raw bytes straight to the producer: none of Topic.send's
+        serialisation and bookkeeping, which cost more than the send), and hand the records
+        of partitions this worker owns to its localize state at once: the localize agent
+        would only get them back after a produce/fetch round trip behind its backlog. It
+        drops them when they come back from the topic (by value)."""
+        if not records:
+            return
+        t = self.topics
+        send = app.producer.send
+        try:
+            mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == t.op_metrics}
+        except Exception:  # no consumer yet (starting): everything goes the long way
+            mine = set()
+        local: list[Message] = []
+        for key, value in records:
+            p = self._op_metrics_partition(key)
+            if p in mine:  # noted before sending: it must be known when the copy comes back
+                local.append(Message(t.op_metrics, key, value, p, None, None))
+                self._handed[value] = self._handed.get(value, 0) + 1
+            await send(t.op_metrics, key, value, p, None, None)
+        if len(self._handed) > HANDED_LIMIT:  # records that never came back (a rebalance)
+            self._handed.clear()
+        if local:
+            fut = asyncio.get_running_loop().run_in_executor(self._loc_pool, self.localize_state.handle, local)
+            task = asyncio.ensure_future(self._after_local_localize(fut, verdicts))
+            self._local_tasks.add(task)
+            task.add_done_callback(self._local_tasks.discard)
+
+    async def _after_local_localize(self, fut: asyncio.Future[Output], verdicts: Any) -> None:
+        out = await fut
+        await self._send_verdicts(out.verdicts, verdicts)
+        await self._dead(out, self.topic_objects["dead"])
+
+    def _handed_over(self, m: Message) -> bool:
+        n = self._handed.get(m.value or b"")
+        if not n:
+            return False
+        if n == 1:
+            del self._handed[m.value or b""]
+        else:
+            self._handed[m.value or b""] = n - 1
+        return True
 
     async def _run(self, pool: concurrent.futures.Executor, fn: Callable[[list[Message]], Output],
                    msgs: list[Message]) -> Output:
@@ -292,7 +373,9 @@ class Pipeline:
             "lost_batches": seg["lost_batches"], "drops": seg["late_batches"] + seg["lost_batches"],
             "lag_ms_segment": round(self.lag_ms.get("segment", 0.0), 1),
             "lag_ms_localize": round(self.lag_ms.get("localize", 0.0), 1),
-            "held_op_metrics": self.localize_state.held,
+            "held_op_metrics": self.localize_state.held, "input_done_at_ns": self.input_done_at_ns,
+            # Both agents rebuilt their state and take new messages.
+            "ready": len(self.seeded) == 2,
         }
         if self.influx is not None:
             rec["influx_written"] = self.influx.written

@@ -29,6 +29,12 @@ from pulse.errors import ServiceError
 from pulse.settings import Settings
 
 READY_TIMEOUT_S = 90.0
+# A NIC's consecutive batches go out as one message for up to this long: the worker's cost
+# is per message, and 50 ms is small against the diagnosis latency.
+COALESCE_MS = 50.0
+# The worker's health records, kept in the summary: how far behind the live stream it was.
+TIMELINE_FIELDS = ("batches", "events", "op_metrics", "verdicts", "lag_ms_segment", "lag_ms_localize",
+                   "held_op_metrics")
 
 
 @dataclasses.dataclass
@@ -98,7 +104,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
 async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = READY_TIMEOUT_S,
                             proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
                             worker: str | None = None) -> dict[str, Any]:
-    """Wait for a pipeline record with assigned partitions (the worker joined its group)."""
+    """Wait for a pipeline record with assigned partitions (the worker joined its group) and
+    both agents past rebuilding their state (``ready``), so a job streamed now is taken at once."""
     from aiokafka import AIOKafkaConsumer
 
     c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", group_id=None,
@@ -115,7 +122,8 @@ async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = RE
                 for m in msgs:
                     with contextlib.suppress(Exception):
                         rec = orjson.loads(m.value)
-                        if rec.get("assigned", 0) > 0 and (worker is None or rec.get("worker") == worker):
+                        if (rec.get("assigned", 0) > 0 and rec.get("ready", True)
+                                and (worker is None or rec.get("worker") == worker)):
                             return dict(rec)
     finally:
         await c.stop()
@@ -168,7 +176,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         stats: dict[str, Any] = {}
 
         async def stream() -> None:
-            async with Publisher(settings, bootstrap=bootstrap, linger_ms=2) as pub:
+            async with Publisher(settings, bootstrap=bootstrap, linger_ms=2, coalesce_ms=COALESCE_MS) as pub:
                 counts = await publish_trace(pub, trace, speed=cfg.speed, clock=clock)
                 await pub.flush()
                 published.update(counts)
@@ -176,6 +184,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
             done.set()
 
         task = asyncio.create_task(stream())
+        timeline: list[dict[str, Any]] = []
         worker_batches = 0
         last_change = time.monotonic()
         end_deadline: float | None = None
@@ -203,7 +212,11 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
                 for m in msgs:
                     with contextlib.suppress(Exception):
                         rec = orjson.loads(m.value)
-                        if rec.get("worker") == settings.worker_id and rec.get("batches", 0) != worker_batches:
+                        if rec.get("worker") != settings.worker_id:
+                            continue
+                        timeline.append({"stream_s": round(time.time() - clock.t0_wall, 2),
+                                         **{k: rec.get(k) for k in TIMELINE_FIELDS}})
+                        if rec.get("batches", 0) != worker_batches:
                             worker_batches = rec["batches"]
                             last_change = time.monotonic()
             if proc.poll() is not None:
@@ -213,7 +226,8 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
                     raise task.exception()  # type: ignore[misc]
                 if end_deadline is None:
                     end_deadline = time.monotonic() + cfg.timeout_s
-                caught_up = worker_batches >= published.get("batches", 0)
+                # The worker counts messages: merged batches when the publisher coalesced.
+                caught_up = worker_batches >= stats.get("batches_out", published.get("batches", 0))
                 quiet = time.monotonic() - last_change > cfg.quiet_s
                 if (caught_up and quiet) or time.monotonic() > end_deadline:
                     break
@@ -234,6 +248,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         "truth": {"nodes": (truth.get("culprit") or {}).get("nodes"), "kind": truth.get("kind")},
         "batches": published.get("batches", 0), "rows": published.get("rows", 0),
         "worker_batches": worker_batches, "publisher": stats, "worker_log": str(log_path),
+        "worker_timeline": timeline,
     }
 
 
