@@ -518,13 +518,22 @@ class Localizer:
         # Lateness is judged per communicator (the buckets of one step are late
         # together: persistence must span several steps), then per node: most of the
         # node's communicators must show it.
+        # A point-to-point (pipeline) peer of a node already blamed arrives late because
+        # it waits for that node: not a second straggler.
+        blamed = explained | {n for inc in self._incidents.values() for n in inc.nodes}
+        waits_on_blamed: set[str] = set()
+        if blamed:
+            for comm, nr in self.topo.nranks.items():
+                nodes = set(self.topo.members(comm).values())
+                if nr == 2 and nodes & blamed:
+                    waits_on_blamed |= nodes - blamed
         per_node: dict[str, list[tuple[int, list[Finding]]]] = defaultdict(list)
         for (node, _comm), win in self._late.items():
             hits = [f for f in win if f is not None]
             flagged = len(win) >= self.p.late_window // 2 and len(hits) >= self.p.late_frac * len(win)
             per_node[node].append((int(flagged), hits))
         for node, comms in per_node.items():
-            if node in explained or node in self._insufficient:
+            if node in explained or node in self._insufficient or node in waits_on_blamed:
                 continue
             if sum(f for f, _ in comms) < max(1, self.p.late_comm_frac * len(comms)):
                 continue
@@ -583,6 +592,8 @@ class Localizer:
         for key, inc in hyps.items():
             cur = self._incidents.get(key)
             if cur is None:
+                if any(k[0] != key[0] and set(key[1]) <= set(k[1]) for k in self._incidents):
+                    continue  # one fault per node at a time: the open incident explains it
                 self._incidents[key] = inc
                 self._any_alarm = True
                 out.append(self._anomaly(inc))

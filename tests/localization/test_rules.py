@@ -349,3 +349,19 @@ def test_a_few_ms_late_does_not_explain_away_real_network_slowness():
                 f["act_ns"] = int(f["act_ns"] * 1.6)
         return f
     assert ("network-slow", "node", ("node-02",)) in culprits(run(f_))
+
+
+def test_pipeline_peer_of_a_blamed_node_is_a_victim_not_a_straggler():
+    # node-02's NIC is slow; node-03, its point-to-point (pipeline) peer, waits for it and
+    # arrives late into its collectives: one fault, not a second compute straggler
+    def f_(comm, seq, r, f):
+        f = _nic_slow(comm, seq, r, f)
+        if seq >= ONSET and r == 3:
+            f["t_host_ns"] += 8_000_000
+        elif seq >= ONSET:
+            f["duration_ns"] += 8_000_000
+        return f
+    pevs, pms = _p2p({"pa": (2, 3)}, 4, 40, {})
+    vs = localize(synth.metrics(4, 4, tweak=f_) + pms, synth.events(4, 4) + pevs, LocalizeParams())
+    assert ("network-slow", "node", ("node-02",)) in culprits(vs)
+    assert not any(v.kind == "compute-slow" for v in anomalies(vs))
