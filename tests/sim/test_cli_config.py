@@ -29,6 +29,8 @@ from pulse.errors import ConfigError
     (dict(steps=0), "--steps"),
     (dict(onset_ms=-1.0), "--onset-ms"),
     (dict(job="bad name"), "job"),
+    (dict(bucket_mb=-3.0), "--bucket-mb"),
+    (dict(algo="bogus"), "algo"),
 ])
 def test_bad_config_is_a_config_error(kw: dict, message: str) -> None:
     with pytest.raises(Exception) as info:

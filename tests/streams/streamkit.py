@@ -91,41 +91,11 @@ def running_worker(settings: Settings, tmp: Path, env: dict[str, str] | None = N
 
 
 async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 5.0) -> list[tuple[bytes | None, bytes]]:
-    """(key, value) of every message now in ``topic`` (plain aiokafka consumer, no group).
+    """Every message of ``topic`` as (key, value), read by a plain aiokafka consumer without a
+    group (``pulse.streams.app.read_back``: it also copes with Tansu's short end offsets)."""
+    from pulse.streams.app import read_back
 
-    Reads until each partition is past its reported end *and* quiet for 0.5 s: Tansu's end
-    offset is the last record batch's base offset + 1, short of the real end when that batch
-    holds several records."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
-
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                         auto_offset_reset="earliest")
-    await c.start()
-    out: list[tuple[bytes | None, bytes]] = []
-    try:
-        await c._client.force_metadata_update()
-        parts = sorted(c.partitions_for_topic(topic) or [])
-        tps = [TopicPartition(topic, p) for p in parts]
-        if not tps:
-            return out
-        c.assign(tps)
-        await c.seek_to_beginning(*tps)
-        ends = await c.end_offsets(tps)
-        todo = set(tps)
-        nxt = dict.fromkeys(tps, 0)
-        seen = dict.fromkeys(tps, time.monotonic())
-        deadline = time.monotonic() + timeout_s
-        while todo and time.monotonic() < deadline:
-            got = await c.getmany(*todo, timeout_ms=200)
-            now = time.monotonic()
-            for tp, msgs in got.items():
-                out += [(m.key, m.value) for m in msgs]
-                if msgs:
-                    nxt[tp], seen[tp] = msgs[-1].offset + 1, now
-            todo = {tp for tp in todo if nxt[tp] < ends[tp] or now - seen[tp] < 0.5}
-    finally:
-        await c.stop()
-    return out
+    return [(m.key, m.value) for m in await read_back(bootstrap, topic, timeout_s=timeout_s)]
 
 
 def latest_pipeline(bootstrap: str, settings: Settings) -> dict[str, Any]:
