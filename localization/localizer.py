@@ -118,6 +118,8 @@ class Localizer:
         """(node, kind, seq, bytes, nranks, member nodes) -> (end_ns, t_host_ns, comm) per NIC."""
         self._rail: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=64)
         self._comm_nodes: dict[str, frozenset[str]] = {}
+        self._alive: dict[str, deque[tuple[int, str]]] = {}
+        """node/nic -> recent (wire time, comm) at which the NIC moved bytes (node clock)."""
 
     # -- input ------------------------------------------------------------------------------
 
@@ -153,6 +155,7 @@ class Localizer:
             self._pending[m.comm_id][m.seq][m.rank] = m
             if m.complete and m.kind != GROUPED and m.t_host_ns is not None:
                 self._siblings.setdefault(self._sibling_key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id))
+            self._note_alive(m)
             self._max_seq[m.comm_id] = max(self._max_seq.get(m.comm_id, -1), m.seq)
             touched.add(m.comm_id)
         return self._close(touched, final=False)
@@ -488,6 +491,29 @@ class Localizer:
             for k in list(self._siblings)[:25_000]:
                 del self._siblings[k]
 
+    def _note_alive(self, m: OpMetrics) -> None:
+        times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
+        if m.granted_ns is not None:
+            times.append(m.granted_ns)
+        for nic in (m.nics or ()) if times else ():
+            ep = nic if "/" in nic else f"{m.node}/{nic}"
+            q = self._alive.get(ep)
+            if q is None:
+                q = self._alive[ep] = deque(maxlen=256)
+            q.extend((t, m.comm_id) for t in times)
+
+    def _alive_in(self, ep: str, findings: list[Finding]) -> set[tuple[str, int]]:
+        """The rail-late records during whose silent wait (issued with its siblings, not
+        on the wire yet) ``ep`` moved bytes in another communicator."""
+        q = self._alive.get(ep, ())
+        m = self.p.rail_alive_margin_ns
+        hits = set()
+        for f in findings:
+            lo, hi = f.end_ns - f.value + m, f.start_ns - m
+            if hi > lo and any(lo < t < hi and c != f.comm_id for t, c in q):
+                hits.add((f.comm_id, f.seq))
+        return hits
+
     def _rail_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
         while self._rail and self._rail[0][0].end_ns < self._last_end_ns - self.p.rail_keep_ns:
             self._rail.popleft()
@@ -502,11 +528,22 @@ class Localizer:
             own = [f.endpoint for f in findings if f.node == x]
             if not own or Counter(own).most_common(1)[0][1] < self.p.rail_nic_frac * len(own):
                 return {}  # x's late records spread over its NICs: not one NIC (a host)
+        nic_of = {x: Counter(f.endpoint for f in findings if f.node == x).most_common(1)[0][0] for x in common}
+        extra: dict[str, Any] = {}
+        if len(common) == 2:
+            # the two ends of one stalled link: an end seen moving bytes with a third party
+            # while the link was silent was up; the other one stopped
+            alive = {x: self._alive_in(nic_of[x], findings) for x in common}
+            up = [x for x in common if len(alive[x]) >= self.p.rail_alive_min]
+            if len(up) == 1 and not alive[common[0] if up[0] == common[1] else common[1]]:
+                extra["alive_during_stall"] = {nic_of[up[0]]: sorted(f"{c}#{s}" for c, s in alive[up[0]])[:8]}
+                common = [x for x in common if x != up[0]]
         nodes = tuple(common)
         level = "node" if len(nodes) == 1 else "group"
-        nics = sorted({Counter(f.endpoint for f in findings if f.node == x).most_common(1)[0][0] for x in nodes})
+        nics = sorted(nic_of[x] for x in nodes)
+        extra.update({"stalled_nics": nics, "comms": sorted({f.comm_id for f in findings})[:8]})
         inc = self._incident("network-slow", level, nodes, findings, culprit=nodes[0] if level == "node" else None,
-                             extra={"stalled_nics": nics, "comms": sorted({f.comm_id for f in findings})[:8]})
+                             extra=extra)
         inc.nics = nics
         return {("network-slow", nodes): inc}
 

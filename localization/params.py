@@ -97,6 +97,16 @@ class LocalizeParams:
     rail_keep_ns: int = 2_000_000_000
     """Rail-late records older than this (trace time) no longer count, so an incident
     clears after the NIC recovered."""
+    rail_alive_margin_ns: int = 1_000_000
+    """When the rail-late records leave two nodes (the two ends of one stalled link), an
+    end whose NIC moved bytes with a third party (a record's first or last epoch, or a
+    credit grant it received) while the link was silent - the record issued with its
+    siblings but not yet on the wire - was up, so the other end is the culprit. The
+    activity must lie this far inside the silent interval: it compares two nodes' clocks,
+    so this is the clock-offset bound (10x the simulator's worst offset)."""
+    rail_alive_min: int = 2
+    """Silent intervals in which one end was seen alive (and the other never) needed
+    before the node-level answer."""
 
     # -- fail-stop -----------------------------------------------------------------------
     stop_frac: float = 0.5

@@ -46,6 +46,7 @@ class OpMetrics(Record):
         Field("nics", "list[str]", required=False),
         Field("group", "int", required=False, bounds=NONNEG),
         Field("t_host_ns", "int", required=False, bounds=INT64),
+        Field("granted_ns", "int", required=False, bounds=INT64),
     )
     job: str
     node: str
@@ -71,6 +72,10 @@ class OpMetrics(Record):
     group: int | None = None
     t_host_ns: int | None = None
     """When the operator was issued on the host (from its op event), node clock."""
+    granted_ns: int | None = None
+    """When its receiver's credit grant (a CTS burst) reached this rank's NIC before the
+    operator's first data, node clock (wire evidence that the NIC was receiving then;
+    absent when not seen: no rx counters, or the grant came while data still flowed)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

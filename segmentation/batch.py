@@ -54,6 +54,7 @@ class _Run:
     end: np.ndarray
     vol: np.ndarray
     status: np.ndarray
+    grant: np.ndarray
     slot_rows: tuple[np.ndarray, np.ndarray]
     """(slot index, grid epoch) of every active epoch of every slot."""
     clocks: dict[str, NicClock]
@@ -126,7 +127,7 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
             out = o
         else:
             sel = np.repeat(flow_epoch == ens, op_counts)
-            for name in ("start", "end", "act", "vol", "status"):
+            for name in ("start", "end", "act", "vol", "status", "grant"):
                 getattr(out, name)[sel] = getattr(o, name)[sel]
             fsel = flow_epoch == ens
             out.extra[fsel] = o.extra[fsel]
@@ -170,7 +171,7 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
     rep = np.repeat(s_idx, hi - lo)
     active = (by[idx] & TX_MASK) > 0  # rx-only rows (CTS bursts) are not active epochs
     slot_rows = (rep[active], ep[idx][active])
-    return _Run(segs, slot_of, out.start, out.end, out.vol, out.status, slot_rows, clocks)
+    return _Run(segs, slot_of, out.start, out.end, out.vol, out.status, out.grant, slot_rows, clocks)
 
 
 def _check_params(params: SegmentParams | None) -> SegmentParams:
@@ -206,7 +207,7 @@ def metrics_from_run(run: _Run, assoc: Association) -> list[OpMetrics]:
         info = assoc.ops[k]
         sl = np.array(slots_per_op[i], np.int64)
         out.append(_metrics.build(info, run.clocks[info.flows[0][0]], run.start[sl], run.end[sl],
-                                  run.vol[sl], run.status[sl], int(act[i])))
+                                  run.vol[sl], run.status[sl], int(act[i]), run.grant[sl]))
     out.sort(key=_metrics.sort_key)
     return out
 

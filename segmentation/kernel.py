@@ -76,9 +76,24 @@ def _close(k, start, end, act, vol, status, o_start, o_end, o_act, o_vol, o_stat
     o_status[k] = status
 
 
+@numba.njit(cache=True, inline="always")
+def _first_burst(ep, by, lo, i, after, brx):  # pragma: no cover - numba
+    # the earliest epoch > ``after`` among rows lo..i-1 with a CTS burst (>= brx rx bytes)
+    g = np.int64(-1)
+    if brx <= 0:
+        return g
+    j = i - 1
+    while j >= lo and ep[j] > after:
+        if (by[j] >> RX_SHIFT) >= brx:
+            g = ep[j]
+        j -= 1
+    return g
+
+
 @numba.njit(cache=True, nogil=True)
 def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, stall, merge, wm, final,
-            brx, bneed, o_start, o_end, o_act, o_vol, o_status, f_consumed, f_carry, f_next, f_extra):  # pragma: no cover - numba
+            brx, bneed, grant_in, o_start, o_end, o_act, o_vol, o_status, o_grant, f_consumed, f_carry, f_next,
+            f_extra, f_grant):  # pragma: no cover - numba
     nf = row_ptr.shape[0] - 1
     for f in range(nf):
         lo = row_ptr[f]
@@ -113,6 +128,10 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
         consumed = lo
         carry = ovr_b if ovr_i == lo else np.int64(-1)
         extra = np.int64(0)
+        # grant rule (see run_kernel): gr = the first burst epoch since the last operator
+        # ended, among the rows scanned; g_cons = its value for the rows before ``consumed``
+        gr = grant_in[f]
+        g_cons = gr
         blocked = False
         kc = np.int64(-1)
         need_k = np.int64(0)
@@ -166,6 +185,8 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                 rxs = True
                 if (raw >> RX_SHIFT) >= brx > 0:
                     bz = e
+            if not started and gr < 0 and brx > 0 and (raw >> RX_SHIFT) >= brx:
+                gr = e
             if b == 0:
                 i += 1  # rx-only epoch: not active, only a possible CTS burst
                 continue
@@ -188,7 +209,9 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                         _close(k, start, last, act, cum, 1 if cum >= thr_k else 2, o_start, o_end, o_act, o_vol, o_status)
                         k += 1
                         started = False
+                        gr = _first_burst(ep, by, lo, i, o_end[k - 1], brx)
                         consumed = i
+                        g_cons = gr
                         carry = ovr_b if i == ovr_i else np.int64(-1)
                         continue
                 if g >= gap and thr_k <= cum < need_k and not tent:
@@ -210,7 +233,9 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                         k += 1
                         started = False
                         i = row_t
+                        gr = _first_burst(ep, by, lo, i, o_end[k - 1], brx)
                         consumed = i
+                        g_cons = gr
                         carry = ovr_b if i == ovr_i else np.int64(-1)
                         continue
                     tent = False  # the next operator was not issued yet: still this one's
@@ -269,7 +294,9 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                             i = row_c + 1
                             carry = ovr_b if i == ovr_i else np.int64(-1)
                         if not hold:
+                            gr = _first_burst(ep, by, lo, i, o_end[k - 1], brx)
                             consumed = i
+                            g_cons = gr
                             continue
                     elif not final:
                         blocked = True
@@ -286,6 +313,8 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
             if not started:
                 started = True
                 start = e
+                o_grant[k] = gr
+                gr = np.int64(-1)
                 cum = np.int64(0)
                 act = np.int64(0)
                 crossed = False
@@ -337,6 +366,7 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                 _close(k, start, last, act, cum, 1 if cum >= thr[k] else 2, o_start, o_end, o_act, o_vol, o_status)
                 k += 1
                 consumed = hi
+                g_cons = _first_burst(ep, by, lo, hi, last, brx)
                 carry = np.int64(-1)
         if final:
             while k < kend:
@@ -350,13 +380,15 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
         f_carry[f] = carry
         f_next[f] = k
         f_extra[f] = extra
+        f_grant[f] = g_cons
 
 
 @dataclasses.dataclass
 class KernelOut:
     """Per op slot: start/end epoch (-1 when it never started), active epochs, bytes,
-    status (OPEN, COMPLETE, INCOMPLETE); per flow: resume row, carry bytes (-1 none),
-    next open op slot, extra bytes beyond the last operator."""
+    status (OPEN, COMPLETE, INCOMPLETE), grant epoch (-1 none); per flow: resume row, carry
+    bytes (-1 none), next open op slot, extra bytes beyond the last operator, the grant state
+    at the resume row (``grant_in`` of the next call)."""
 
     start: np.ndarray
     end: np.ndarray
@@ -367,13 +399,15 @@ class KernelOut:
     carry: np.ndarray
     next_op: np.ndarray
     extra: np.ndarray
+    grant: np.ndarray
+    grant_next: np.ndarray
 
 
 def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_ptr: np.ndarray,
                need: np.ndarray, thr: np.ndarray, slack: np.ndarray, *, gap: int, stall: int,
                merge: int | None = None, watermark: np.ndarray | None = None, final: bool = True,
                carry_in: np.ndarray | None = None, earliest: np.ndarray | None = None,
-               burst_rx: int = 0, burst_need: int = 0) -> KernelOut:
+               burst_rx: int = 0, burst_need: int = 0, grant_in: np.ndarray | None = None) -> KernelOut:
     """Driver: contiguous int64 arrays in, outputs allocated here (no validation).
 
     ``nbytes`` are packed rows (``pack_rows``). ``burst_rx`` > 0 enables the CTS-burst rule
@@ -383,14 +417,23 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
     one epoch on the send flow), and the sender cannot put a byte of that operator on the
     wire before. So when the previous operator carries surplus (go-back-N resends) on a flow
     that shows rx, its boundary is not placed before that burst; the wait is bounded by
-    ``merge`` epochs after the crossing / the next issue."""
+    ``merge`` epochs after the crossing / the next issue.
+
+    Grants (also with ``burst_rx`` > 0): an operator's ``grant`` is the earliest CTS burst
+    on its flow after the previous operator's last epoch and at or before its own first
+    data epoch - the receiver granting its slots, which it may do long before the sender
+    issues the operator. It is wire evidence that the flow's NIC received in that epoch
+    (the localizer uses it to tell which end of a stalled link was up). ``grant_in`` per
+    flow carries a burst seen before the resume row of a previous call."""
     nf = row_ptr.shape[0] - 1
     nk = need.shape[0]
     i64 = np.int64
     out = KernelOut(
         start=np.full(nk, -1, i64), end=np.full(nk, -1, i64), act=np.zeros(nk, i64),
         vol=np.zeros(nk, i64), status=np.zeros(nk, np.int8), consumed=np.zeros(nf, i64),
-        carry=np.zeros(nf, i64), next_op=np.zeros(nf, i64), extra=np.zeros(nf, i64))
+        carry=np.zeros(nf, i64), next_op=np.zeros(nf, i64), extra=np.zeros(nf, i64),
+        grant=np.full(nk, -1, i64), grant_next=np.full(nf, -1, i64))
+    gin = np.full(nf, -1, i64) if grant_in is None else np.ascontiguousarray(grant_in, i64)
     wm = np.full(nf, FAR, i64) if watermark is None else np.ascontiguousarray(watermark, i64)
     cin = np.full(nf, -1, i64) if carry_in is None else np.ascontiguousarray(carry_in, i64)
     early = np.full(nk, -FAR, i64) if earliest is None else np.ascontiguousarray(earliest, i64)
@@ -399,8 +442,8 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
             np.ascontiguousarray(need, i64), np.ascontiguousarray(thr, i64),
             np.ascontiguousarray(slack, i64), early, i64(gap), i64(stall),
             i64(stall if merge is None else min(merge, stall)), wm, bool(final),
-            i64(burst_rx), i64(burst_need), out.start, out.end, out.act, out.vol, out.status, out.consumed, out.carry,
-            out.next_op, out.extra)
+            i64(burst_rx), i64(burst_need), gin, out.start, out.end, out.act, out.vol, out.status, out.grant,
+            out.consumed, out.carry, out.next_op, out.extra, out.grant_next)
     return out
 
 

@@ -22,20 +22,22 @@ def union_count(rank_op: np.ndarray, epochs: np.ndarray, n_ops: int) -> np.ndarr
 
 
 def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol: np.ndarray,
-          status: np.ndarray, act_epochs: int) -> OpMetrics:
-    """``start``/``end`` (grid epochs, -1 = never started), ``vol``, ``status`` per flow of
-    ``info.flows``; ``act_epochs`` = union of their active epochs."""
+          status: np.ndarray, act_epochs: int, grant: np.ndarray) -> OpMetrics:
+    """``start``/``end`` (grid epochs, -1 = never started), ``vol``, ``status``, ``grant``
+    (-1 = none) per flow of ``info.flows``; ``act_epochs`` = union of their active epochs."""
     began = start >= 0
     first = int(start[began].min()) if began.any() else -1
     last = int(end[began].max()) if began.any() else -1
-    return build_from(info, clock, first, last, int(vol.sum()), bool(np.all(status == COMPLETE)), act_epochs)
+    granted = grant[grant >= 0]
+    return build_from(info, clock, first, last, int(vol.sum()), bool(np.all(status == COMPLETE)), act_epochs,
+                      int(granted.min()) if granted.size else -1)
 
 
 def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int, complete: bool,
-               act_epochs: int) -> OpMetrics:
+               act_epochs: int, grant: int = -1) -> OpMetrics:
     """One record from the reduced figures: first/last active grid epoch over the flows
-    (``first`` -1 when none started), total bytes, whether every flow completed, and the
-    union of their active epochs. Every value is computed here from validated inputs, so
+    (``first`` -1 when none started), total bytes, whether every flow completed, the
+    union of their active epochs, and the earliest grant epoch (-1 none). Every value is computed here from validated inputs, so
     the record is built with the trusted constructor (no per-field validation)."""
     ev = info.event
     if first >= 0:
@@ -52,7 +54,8 @@ def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int
         act_ns=act_ns, volume_bytes=int(volume), expected_bytes=info.expected_bytes,
         complete=bool(complete), active_rate=float(min(rate, 1e15)),
         flows=len(info.flows), epoch_ns=int(clock.epoch_ns), nics=sorted({f[1] for f in info.flows}),
-        group=ev.group, t_host_ns=ev.t_host_ns)
+        group=ev.group, t_host_ns=ev.t_host_ns,
+        granted_ns=int(clock.to_ns(grant)) if grant >= 0 else None)
 
 
 def sort_key(m: OpMetrics) -> tuple[str, str, int, int]:

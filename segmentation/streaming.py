@@ -157,7 +157,8 @@ class NodeSegmenter:
         self._f = _Columns({
             "nic": (np.int64, -1), "cr": (np.int64, -1), "state": (np.int8, UNBOUND),
             "next": (np.int64, 0), "floor": (np.int64, _LOW), "dirty": (np.bool_, True),
-            "wm_seen": (np.int64, _LOW), "has": (np.bool_, False), "nrows": (np.int64, 0)})
+            "wm_seen": (np.int64, _LOW), "has": (np.bool_, False), "nrows": (np.int64, 0),
+            "grant": (np.int64, -1)})
         # NICs by index: name, flow number -> flow id (sorted), buffered rows store
         self._nic_ix: dict[str, int] = {}
         self._nic_names: list[str] = []
@@ -179,7 +180,8 @@ class NodeSegmenter:
         self._s = _Columns({
             "fid": (np.int64, 0), "seq": (np.int64, 0), "need": (np.int64, 0), "issue": (np.int64, NO_TIME),
             "uid": (np.int64, 0), "live": (np.bool_, False), "closed": (np.bool_, False),
-            "start": (np.int64, -1), "end": (np.int64, -1), "vol": (np.int64, 0), "status": (np.int8, 0)})
+            "start": (np.int64, -1), "end": (np.int64, -1), "vol": (np.int64, 0), "status": (np.int8, 0),
+            "grant": (np.int64, -1)})
         # active epochs of closed slots whose operator is not emitted yet
         self._pool = (_EMPTY, _EMPTY, _EMPTY)  # (uid, fid, epoch)
         self._wm_run: dict[str, int] = {}
@@ -734,7 +736,9 @@ class NodeSegmenter:
                          stall=self.params.stall_epochs(clock.epoch_ns),
                          merge=self.params.merge_epochs(clock.epoch_ns), watermark=wm, final=final,
                          carry_in=None, earliest=clock.earliest_epoch(s.issue[sidx]),
-                         burst_rx=self.params.burst_rx, burst_need=self.params.burst_need)
+                         burst_rx=self.params.burst_rx, burst_need=self.params.burst_need,
+                         grant_in=fl.grant[fids])
+        fl.grant[fids] = out.grant_next
         # closed slots: every slot before the flow's next open one
         slot_run = np.repeat(np.arange(fids.size), np.diff(op_ptr))
         closed = (np.arange(sidx.size) < out.next_op[slot_run]) & (out.status != OPEN)
@@ -745,6 +749,7 @@ class NodeSegmenter:
         s.end[cs] = out.end[cpos]
         s.vol[cs] = out.vol[cpos]
         s.status[cs] = out.status[cpos]
+        s.grant[cs] = out.grant[cpos]
         cuid = s.uid[cs]
         np.add.at(self._u_closed, cuid, 1)
         started = cpos[out.start[cpos] >= 0]
@@ -830,6 +835,9 @@ class NodeSegmenter:
         np.maximum.at(end, g[began], s.end[rows][began])
         vol = np.zeros(n, np.int64)
         np.add.at(vol, g, s.vol[rows])
+        grant = np.full(n, big, np.int64)
+        granted = s.grant[rows] >= 0
+        np.minimum.at(grant, g[granted], s.grant[rows][granted])
         bad = np.zeros(n, np.int64)
         np.add.at(bad, g, (s.status[rows] != COMPLETE).astype(np.int64))
         pu, _, pe = self._pool
@@ -840,7 +848,8 @@ class NodeSegmenter:
         for i, uid in enumerate(order):
             info = self._uinfo[uid]
             out.append(_metrics.build_from(info, clock, int(start[i]) if start[i] != big else -1,
-                                           int(end[i]), int(vol[i]), bad[i] == 0, int(act[i])))
+                                           int(end[i]), int(vol[i]), bad[i] == 0, int(act[i]),
+                                           int(grant[i]) if grant[i] != big else -1))
             self._ops.pop(self._ukey[uid], None)
         self._drop_uids(uids, dirty=False)
         return out

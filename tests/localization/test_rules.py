@@ -320,6 +320,76 @@ def test_operators_issued_apart_are_not_rail_siblings():
     assert not anomalies(localize(synth.metrics(4, 4) + pms, synth.events(4, 4) + pevs, LocalizeParams()))
 
 
+def _silent_pair(alive: dict[int, int], stall_seqs=((14, 30), (22, 38))):
+    """node-02 <-> node-03 sends on 4 rails; on rail 1 the sends of ``stall_seqs`` (per rank:
+    node-02's, node-03's) wait 6 ms before their first byte (the link is down), then go at
+    full speed. ``alive``:
+    node -> a third party it exchanges with on rail 1 (comm pc1), whose operator's credit
+    grant reaches that node's NIC 3 ms into each of those waits."""
+    from pulse.events import CommEvent, FlowEvent
+    from pulse.records import OpMetrics
+    evs, ms = [], []
+    delay = 6_000_000
+    for k in range(4):
+        comm = f"pa{k}"
+        for rank, nd in enumerate((2, 3)):
+            evs.append(CommEvent(job="job", node=synth.node(nd), comm_id=comm, rank=rank, nranks=2, pid=1, rings=[[0, 1]]))
+            evs.append(FlowEvent(job="job", node=synth.node(nd), nic=f"mlx5_{k}", flow=100 + 2 * k + rank,
+                                 comm_id=comm, rank=rank, peer=1 - rank, channel=0, direction="send"))
+        for seq in range(48):
+            for rank, nd in enumerate((2, 3)):
+                t_host = seq * synth.PERIOD + 2_000_000 + rank * 7_000_000
+                start = t_host + 50_000 + (delay if k == 1 and seq in stall_seqs[rank] else 0)
+                ms.append(OpMetrics(job="job", node=synth.node(nd), comm_id=comm, seq=seq, rank=rank, kind="Send",
+                                    nranks=2, start_ns=start, end_ns=start + 400_000, duration_ns=400_000,
+                                    act_ns=320_000, volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True,
+                                    active_rate=(8 << 20) / 320e-6, flows=1, epoch_ns=synth.EPOCH,
+                                    nics=[f"mlx5_{k}"], t_host_ns=t_host))
+    for nd, other in alive.items():
+        for rank, x in enumerate((nd, other)):
+            evs.append(CommEvent(job="job", node=synth.node(x), comm_id="pc1", rank=rank, nranks=2, pid=1, rings=[[0, 1]]))
+            evs.append(FlowEvent(job="job", node=synth.node(x), nic="mlx5_1", flow=200 + rank, comm_id="pc1",
+                                 rank=rank, peer=1 - rank, channel=0, direction="send"))
+        waits = sorted((s * synth.PERIOD + 2_000_000 + r * 7_000_000) for r in (0, 1) for s in stall_seqs[r])
+        for seq, t0 in enumerate(waits):
+            for rank, x in enumerate((nd, other)):
+                start = t0 + 20_000_000
+                ms.append(OpMetrics(job="job", node=synth.node(x), comm_id="pc1", seq=seq, rank=rank, kind="Send",
+                                    nranks=2, start_ns=start, end_ns=start + 400_000, duration_ns=400_000,
+                                    act_ns=320_000, volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True,
+                                    active_rate=(8 << 20) / 320e-6, flows=1, epoch_ns=synth.EPOCH, nics=["mlx5_1"],
+                                    t_host_ns=start - 50_000, granted_ns=t0 + 3_000_000 if x == nd else None))
+    return evs, ms
+
+
+def test_a_stalled_link_end_seen_alive_during_the_silence_is_exonerated():
+    # the down periods only ever caught node-02 <-> node-03 traffic: from rail skew alone the
+    # two ends are one group; node-03's NIC received a third party's credit grant while the
+    # link was silent, so it was up and node-02's NIC is the one that stopped
+    evs, ms = _silent_pair({})
+    assert culprits(localize(ms, evs, LocalizeParams())) == {("network-slow", "group", ("node-02", "node-03"))}
+    evs, ms = _silent_pair({3: 1})
+    got = culprits(localize(ms, evs, LocalizeParams()))
+    assert ("network-slow", "node", ("node-02",)) in got
+    assert all("node-03" not in nodes or level == "group" for _k, level, nodes in got)
+    v = next(v for v in anomalies(localize(ms, evs, LocalizeParams())) if v.level == "node")
+    assert v.nics == ["node-02/mlx5_1"] and "node-03/mlx5_1" in v.evidence["alive_during_stall"]
+
+
+def test_both_ends_alive_during_the_silence_stays_a_group():
+    # both NICs moved bytes with third parties while their link was silent: neither stopped
+    evs, ms = _silent_pair({3: 1, 2: 0})
+    got = culprits(localize(ms, evs, LocalizeParams()))
+    assert got and all(level == "group" for _k, level, _n in got)
+
+
+def test_aliveness_inside_the_clock_offset_margin_does_not_count():
+    # a grant 3 ms into a 6 ms wait is not evidence if the clocks may be 3 ms apart
+    evs, ms = _silent_pair({3: 1})
+    got = culprits(localize(ms, evs, LocalizeParams(rail_alive_margin_ns=3_500_000)))
+    assert got == {("network-slow", "group", ("node-02", "node-03"))}
+
+
 def test_late_rank_turns_its_peers_act_outliers_into_waiting():
     # node-02 arrives 60 ms late; the rank sending into it looks busy (its sends cannot
     # drain into a receiver that is not there): compute, not network

@@ -307,3 +307,74 @@ def test_bad_need_and_gap():
     with pytest.raises(SegmentationError):
         segment_rows(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([0, 0]),
                      np.zeros(0, np.int64), gap=0, stall=10)
+
+
+# -- grants: the receiver's credit burst before an operator's first data ---------------------
+
+def _naive_grants(rows, starts, ends, brx):
+    """Per slot: the earliest epoch with a CTS burst after the previous slot's last epoch and
+    at or before the slot's first one (its own first epoch always counts); -1 when none."""
+    out, prev_end = [], -FAR
+    for s, e in zip(starts, ends, strict=True):
+        if s < 0:
+            out.append(-1)
+            continue
+        hits = [ep for ep, _tx, *rx in rows if rx and rx[0] >= brx and ep <= s and (ep > prev_end or ep == s)]
+        out.append(min(hits) if hits else -1)
+        prev_end = e
+    return out
+
+
+def _grants(flows, gap, merge, **kw):
+    row_ptr = np.cumsum([0] + [len(r) for r, _ in flows])
+    op_ptr = np.cumsum([0] + [len(n) for _, n in flows])
+    ep = np.array([r[0] for rs, _ in flows for r in rs], np.int64)
+    by = np.array([r[1] for rs, _ in flows for r in rs], np.int64)
+    rx = np.array([r[2] for rs, _ in flows for r in rs], np.int64)
+    need = np.array([x for _, n in flows for x in n], np.int64)
+    return segment_rows(row_ptr, ep, by, op_ptr, need, gap=gap, stall=gap + 30, merge=merge, rx=rx,
+                        burst_need=1, **kw), op_ptr
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(flow_with_rx(), min_size=1, max_size=4), st.integers(1, 4), st.integers(0, 40))
+def test_grants_match_their_definition(flows, gap, merge):
+    out, op_ptr = _grants([(r, n) for r, n, _ in flows], gap, merge, burst_rx=512,
+                          earliest=np.array([x for _, _, e in flows for x in e], np.int64))
+    for f, (rows, _need, _e) in enumerate(flows):
+        sl = slice(op_ptr[f], op_ptr[f + 1])
+        want = _naive_grants(rows, out.start[sl].tolist(), out.end[sl].tolist(), 512)
+        assert out.grant[sl].tolist() == want, (rows, out.start[sl], out.end[sl])
+    # without the burst rule there are no grants
+    out0, _ = _grants([(r, n) for r, n, _ in flows], gap, merge, burst_rx=0)
+    assert (out0.grant == -1).all()
+
+
+def test_grant_long_before_the_send_and_resumed_runs_agree():
+    # the receiver posts its slots (a 512 B burst) 40 epochs before the sender issues;
+    # the next operator's burst comes while the first still sends (no grant: not before data)
+    N = 1_000_000
+    rows = [(5, 0, 64), (10, 0, 512), (50, 200_000, 0), *[(e, 200_000, 64) for e in range(51, 55)],
+            (60, 0, 512), (61, 0, 64), (70, 250_000, 0), *[(e, 250_000, 0) for e in range(71, 74)],
+            (200, 0, 640), (230, 500_000, 0), (231, 500_000, 0)]
+    ep = np.array([r[0] for r in rows], np.int64)
+    by = np.array([r[1] for r in rows], np.int64)
+    rxa = np.array([r[2] for r in rows], np.int64)
+    need = np.array([N, N, N], np.int64)
+    full = segment_rows(np.array([0, ep.size]), ep, by, np.array([0, 3]), need, gap=3, stall=500, rx=rxa,
+                        burst_rx=512, burst_need=1)
+    assert full.start.tolist() == [50, 70, 230]
+    assert full.grant.tolist() == [10, 60, 200]
+    from pulse.segmentation.kernel import pack_rows
+    packed = pack_rows(by, rxa)
+    thr, slack = volume_bounds(need, 1e-3, 4096)
+    for cut in range(1, ep.size):
+        part = run_kernel(np.array([0, cut]), ep[:cut], packed[:cut], np.array([0, 3]), need, thr, slack,
+                          gap=3, stall=500, watermark=np.array([ep[cut]]), final=False, burst_rx=512, burst_need=1)
+        k = int(part.next_op[0])
+        assert part.grant[:k].tolist() == full.grant[:k].tolist(), cut
+        c = int(part.consumed[0])
+        rest = run_kernel(np.array([0, ep.size - c]), ep[c:], packed[c:], np.array([0, 3 - k]), need[k:], thr[k:],
+                          slack[k:], gap=3, stall=500, carry_in=np.array([part.carry[0]]), burst_rx=512,
+                          burst_need=1, grant_in=part.grant_next)
+        assert rest.grant.tolist() == full.grant[k:].tolist(), cut
