@@ -25,6 +25,7 @@ and, after every operator, explains what persists:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from collections import Counter, defaultdict, deque
@@ -37,7 +38,7 @@ from pulse.events import GROUPED, P2P, HookEvent, OpEvent
 from pulse.records import OpMetrics, Verdict
 
 from .params import LocalizeParams
-from .robust import RollingRef
+from .robust import RollingRef, median
 from .rules import ABSENT, LATE, MISSING, RAIL, STALL, Finding, LinkObs, OpView, judge
 from .topology import Topology
 
@@ -118,8 +119,12 @@ class Localizer:
         """(node, kind, seq, bytes, nranks, member nodes) -> (end_ns, t_host_ns, comm) per NIC."""
         self._rail: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=64)
         self._comm_nodes: dict[str, frozenset[str]] = {}
-        self._alive: dict[str, deque[tuple[int, str]]] = {}
-        """node/nic -> recent (wire time, comm) at which the NIC moved bytes (node clock)."""
+        self._alive: dict[str, tuple[list[int], list[str]]] = {}
+        """node/nic -> recent wire times (sorted, node clock) at which the NIC moved bytes,
+        and the communicator of each."""
+        self._hyps: dict[Key, _Incident] = {}
+        self._hyps_at: int | None = None
+        self._final = False
 
     # -- input ------------------------------------------------------------------------------
 
@@ -161,6 +166,7 @@ class Localizer:
         return self._close(touched, final=False)
 
     def finish(self) -> list[Verdict]:
+        self._final = True  # the end of the data: every remaining operator re-evaluates
         out = self._close(set(self._pending), final=True)
         if not self._any_alarm and self._closed_ops:
             out.append(self._healthy())
@@ -225,7 +231,7 @@ class Localizer:
         ref = self._act_ref[cls]
         act_ref = None
         if len(ref) >= self.p.ref_min:
-            act_ref = float(np.percentile(ref.array(), 50 if grouped else 25))
+            act_ref = ref.percentile(50 if grouped else 25)
         j = judge(view, self.p, act_ref)
         if all(r.complete for r in ordered):
             ref.extend(np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0],
@@ -482,7 +488,7 @@ class Localizer:
                    if c != comm and abs(th - r.t_host_ns) <= self.p.rail_issue_ns]
             if len(sib) < self.p.rail_min_siblings:
                 continue
-            ref = float(np.median(sib))
+            ref = median(sib)
             if r.end_ns - ref >= self.p.rail_late_ns:
                 f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(r.end_ns - ref), 0.0,
                             "end_after_other_nics_ns", r.start_ns, r.end_ns, peer_eps[i])
@@ -497,21 +503,30 @@ class Localizer:
             times.append(m.granted_ns)
         for nic in (m.nics or ()) if times else ():
             ep = nic if "/" in nic else f"{m.node}/{nic}"
-            q = self._alive.get(ep)
-            if q is None:
-                q = self._alive[ep] = deque(maxlen=256)
-            q.extend((t, m.comm_id) for t in times)
+            ts, cs = self._alive.setdefault(ep, ([], []))
+            for t in times:
+                i = bisect.bisect_right(ts, t)  # records close nearly in time order: ~the end
+                ts.insert(i, t)
+                cs.insert(i, m.comm_id)
+            if len(ts) > 512:
+                del ts[:256], cs[:256]
 
     def _alive_in(self, ep: str, findings: list[Finding]) -> set[tuple[str, int]]:
         """The rail-late records during whose silent wait (issued with its siblings, not
         on the wire yet) ``ep`` moved bytes in another communicator."""
-        q = self._alive.get(ep, ())
+        ts, cs = self._alive.get(ep, ([], []))
         m = self.p.rail_alive_margin_ns
         hits = set()
         for f in findings:
             lo, hi = f.end_ns - f.value + m, f.start_ns - m
-            if hi > lo and any(lo < t < hi and c != f.comm_id for t, c in q):
-                hits.add((f.comm_id, f.seq))
+            if hi <= lo:
+                continue
+            i = bisect.bisect_right(ts, lo)
+            while i < len(ts) and ts[i] < hi:
+                if cs[i] != f.comm_id:
+                    hits.add((f.comm_id, f.seq))
+                    break
+                i += 1
         return hits
 
     def _rail_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
@@ -625,7 +640,11 @@ class Localizer:
                     {"ops": c}, self._last_end_ns))
         # Hypotheses only change when some window holds evidence (or an incident may clear).
         busy = self._n_slow or self._n_late or self._stalls or self._absent or self._incidents or self._rail
-        hyps = self._hypotheses() if busy else {}
+        if not busy:
+            self._hyps, self._hyps_at = {}, None
+        elif self._final or self._hyps_at is None or self._last_end_ns - self._hyps_at >= self.p.hypotheses_every_ns:
+            self._hyps, self._hyps_at = self._hypotheses(), self._last_end_ns
+        hyps = self._hyps
         for key, inc in hyps.items():
             cur = self._incidents.get(key)
             if cur is None:

@@ -435,3 +435,15 @@ def test_pipeline_peer_of_a_blamed_node_is_a_victim_not_a_straggler():
     vs = localize(synth.metrics(4, 4, tweak=f_) + pms, synth.events(4, 4) + pevs, LocalizeParams())
     assert ("network-slow", "node", ("node-02",)) in culprits(vs)
     assert not any(v.kind == "compute-slow" for v in anomalies(vs))
+
+
+def test_evaluating_hypotheses_every_operator_or_throttled_names_the_same_culprits():
+    # the throttle only saves work: on every hand-built fault here both name the same nodes
+    evs, ms = _silent_pair({3: 1})
+    cases = [(ms, evs)]
+    stalls = {"dp1": {12, 20, 28}, "pa1": {14, 22, 30}, "pb1": {16, 24, 32}}
+    pevs, pms = _p2p({"pa": (2, 3), "pb": (2, 1)}, 4, 40, stalls)
+    cases.append((synth.metrics(4, 4, tweak=_aligned(stalls)) + pms, synth.events(4, 4) + pevs))
+    for m, e in cases:
+        every = culprits(localize(m, e, LocalizeParams(hypotheses_every_ns=0)))
+        assert every and culprits(localize(m, e, LocalizeParams(hypotheses_every_ns=50_000_000))) == every
