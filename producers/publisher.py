@@ -38,6 +38,9 @@ SEQ_STATE_FILE = "coalesce-seq.json"
 SEQ_STATE_EVERY_S = 1.0
 # Merged batches a crashed publisher may have numbered after its last save (20 ms each).
 UNCLEAN_SEQ_MARGIN = 64
+# Bounds of a packed hook-events message (a node's events of one coalescing window).
+PACK_EVENTS = 4096
+PACK_BYTES = 256 << 10
 
 
 class Publisher:
@@ -68,6 +71,14 @@ class Publisher:
         # A NIC's consecutive batches merge into one message for up to coalesce_ms (0 = off):
         # per-message costs downstream dwarf the bytes (see coalesce.py).
         self.coalescer = Coalescer(max_age_s=coalesce_ms / 1000, max_rows=coalesce_rows) if coalesce_ms > 0 else None
+        # With coalescing on, a node's hook events of one window also go out as one packed
+        # message (events.encode_packed_json), in order; they never trail the batches sent
+        # after them (every due batch sends the pending events first).
+        self._events: dict[str, list[bytes]] = {}
+        self._events_bytes: dict[str, int] = {}
+        self._events_since: float | None = None
+        self.events_in = 0
+        self.event_messages = 0
         self.spool = Spool(spool_dir or settings.spool_dir,
                            settings.spool_max_bytes if spool_max_bytes is None else spool_max_bytes)
         self._producer: Any = None
@@ -154,6 +165,7 @@ class Publisher:
                 "inflight": len(self._inflight), "spool_bytes": self.spool.bytes,
                 "spooled": self.spool.spooled, "delivered_from_spool": self.delivered_from_spool,
                 "dropped": self.spool.dropped, "outages": self.outages, "connected": self._up,
+                "events_in": self.events_in, "event_messages": self.event_messages,
                 **({"batches_in": self.coalescer.batches_in, "batches_out": self.coalescer.batches_out,
                     "source_gaps": self.coalescer.source_gaps} if self.coalescer is not None else {})}
 
@@ -167,10 +179,14 @@ class Publisher:
             await self.publish(self.topics.samples, b.node.encode(), _samples.encode(b))
 
     async def _send_coalesced(self, now: float | None = None) -> None:
-        """Send the merged batches that are due (all of them when ``now`` is None)."""
-        if self.coalescer is None or not len(self.coalescer):
+        """Send the merged batches that are due (all of them when ``now`` is None), after
+        the pending hook events when any batch or the oldest event is due."""
+        if self.coalescer is None:
             return
-        ready = self.coalescer.drain() if now is None else self.coalescer.due(now)
+        ready = [] if not len(self.coalescer) else self.coalescer.drain() if now is None else self.coalescer.due(now)
+        if self._events and (now is None or ready or now - (self._events_since or now) >= self.coalescer.max_age_s):
+            for node in list(self._events):
+                await self._send_events(node)
         for b in ready:
             await self.publish(self.topics.samples, b.node.encode(), _samples.encode(b))
 
@@ -214,7 +230,31 @@ class Publisher:
             log.warning("cannot save %s: %s", path, exc)
 
     async def publish_event(self, event: _events.HookEvent) -> None:
-        await self.publish(self.topics.hook_events, event.node.encode(), _events.encode(event))
+        raw = _events.encode(event)
+        self.events_in += 1
+        if self.coalescer is None:
+            self.event_messages += 1
+            await self.publish(self.topics.hook_events, event.node.encode(), raw)
+            return
+        pending = self._events.setdefault(event.node, [])
+        size = self._events_bytes.get(event.node, 0)
+        if pending and (len(pending) >= PACK_EVENTS or size + len(raw) > PACK_BYTES):
+            await self._send_events(event.node)
+            pending = self._events.setdefault(event.node, [])
+            size = 0
+        if self._events_since is None:
+            self._events_since = time.monotonic()
+        pending.append(raw)
+        self._events_bytes[event.node] = size + len(raw) + 1
+
+    async def _send_events(self, node: str) -> None:
+        values = self._events.pop(node, None)
+        self._events_bytes.pop(node, None)
+        if not self._events:
+            self._events_since = None
+        if values:
+            self.event_messages += 1
+            await self.publish(self.topics.hook_events, node.encode(), _events.encode_packed_json(values))
 
     async def publish(self, topic: str, key: bytes, value: bytes) -> None:
         if not self._up or not self.spool.empty:

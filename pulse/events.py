@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any, Union
 
 from pulse._schema import INT64, NONNEG, UINT32, Field, Record, loads
-from pulse.errors import DecodeError
+from pulse.errors import DecodeError, EncodeError
 from pulse.samples import check_name
 
 COLLECTIVES = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
@@ -222,3 +222,73 @@ def decode(raw: bytes | bytearray | memoryview | str, where: str = "hook event")
 
 def encode(event: HookEvent) -> bytes:
     return event.to_json()
+
+
+# -- packed form (v1) -----------------------------------------------------------------------
+# One hook-events message may carry several events of one node, in order:
+#     {"type": "batch", "v": 1, "events": [<event object>, ...]}
+# Producers emit it when they coalesce (each Kafka message costs a consumer far more than
+# its bytes); consumers must keep accepting the single-event form above.
+
+PACKED_TYPE = "batch"
+PACKED_MAX_EVENTS = 1 << 16
+
+
+def encode_packed(events: list[HookEvent] | tuple[HookEvent, ...]) -> bytes:
+    """One message holding ``events`` (all of one node, in order); a single event is
+    written in the single form, which every consumer understands."""
+    if not events:
+        raise EncodeError("packed hook events: nothing to pack")
+    if len(events) == 1:
+        return events[0].to_json()
+    if len(events) > PACKED_MAX_EVENTS:
+        raise EncodeError(f"packed hook events: {len(events)} events, at most {PACKED_MAX_EVENTS}")
+    node = events[0].node
+    for ev in events:
+        if ev.node != node:
+            raise EncodeError(f"packed hook events: node {ev.node!r} in a pack of node {node!r}")
+    return encode_packed_json([ev.to_json() for ev in events])
+
+
+def encode_packed_json(values: list[bytes]) -> bytes:
+    """The packed form from already encoded single events of one node (the caller's
+    promise; ``encode_packed`` checks it)."""
+    if not values:
+        raise EncodeError("packed hook events: nothing to pack")
+    if len(values) > PACKED_MAX_EVENTS:
+        raise EncodeError(f"packed hook events: {len(values)} events, at most {PACKED_MAX_EVENTS}")
+    if len(values) == 1:
+        return values[0]
+    return b'{"type":"batch","v":1,"events":[' + b",".join(values) + b"]}"
+
+
+def events_from_dict(data: Any, where: str = "hook events") -> list[HookEvent]:
+    """The events of a decoded message: one for the single form, the list of a packed one.
+
+    A packed message is all or nothing: one bad event rejects it (naming its index)."""
+    if not isinstance(data, dict):
+        raise DecodeError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("type") != PACKED_TYPE:
+        return [from_dict(data, where)]
+    version = data.get("v")
+    if type(version) is not int or version != 1:
+        raise DecodeError(f"{where}: packed hook events: unsupported version v={version!r} (this Pulse reads v=1)")
+    unknown = sorted(set(data) - {"type", "v", "events"})
+    if unknown:
+        raise DecodeError(f"{where}: packed hook events: unknown field(s) {', '.join(map(str, unknown))}")
+    items = data.get("events")
+    if not isinstance(items, list) or not items:
+        raise DecodeError(f"{where}: packed hook events: 'events' must be a non-empty list")
+    if len(items) > PACKED_MAX_EVENTS:
+        raise DecodeError(f"{where}: packed hook events: {len(items)} events, at most {PACKED_MAX_EVENTS}")
+    out = [from_dict(item, f"{where} events[{i}]") for i, item in enumerate(items)]
+    node = out[0].node
+    for i, ev in enumerate(out):
+        if ev.node != node:
+            raise DecodeError(f"{where} events[{i}]: node {ev.node!r} in a pack of node {node!r}")
+    return out
+
+
+def decode_many(raw: bytes | bytearray | memoryview | str, where: str = "hook events") -> list[HookEvent]:
+    """Decode a hook-events message in either form (single event or packed)."""
+    return events_from_dict(loads(raw, where), where)

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from pulse._schema import INT64, NONNEG, Field, Record, loads
-from pulse.errors import DecodeError
+from pulse.errors import DecodeError, EncodeError
 from pulse.events import OP_KINDS, _comm_id, _name
 
 STATUSES = ("healthy", "anomaly", "insufficient-data", "cleared")
@@ -170,3 +170,68 @@ class OpLevel(Record):
 
 def decode_oplevel(raw: bytes | bytearray | memoryview | str, where: str = "oplevel") -> OpLevel:
     return OpLevel.from_dict(loads(raw, where), where)
+
+
+# -- packed op-metrics (v1) -----------------------------------------------------------------
+# One op-metrics message may carry several records of one job, in order:
+#     {"type": "op-metrics-batch", "v": 1, "records": [<op-metrics object>, ...]}
+# The segment agent emits it (a Kafka message costs a consumer far more than its bytes);
+# consumers must keep accepting the single-record form.
+
+PACKED_OP_METRICS_TYPE = "op-metrics-batch"
+PACKED_MAX_RECORDS = 1 << 16
+
+
+def encode_op_metrics_packed(records: list[OpMetrics] | tuple[OpMetrics, ...]) -> bytes:
+    """One message holding ``records`` (all of one job, in order); a single record is written
+    in the single form."""
+    if not records:
+        raise EncodeError("packed op-metrics: nothing to pack")
+    if len(records) == 1:
+        return records[0].to_json()
+    return encode_op_metrics_packed_json([r.to_json() for r in records], [r.job for r in records])
+
+
+def encode_op_metrics_packed_json(values: list[bytes], jobs: list[str] | None = None) -> bytes:
+    """The packed form from already encoded single records (``jobs``, when given, checked
+    to be one job)."""
+    if not values:
+        raise EncodeError("packed op-metrics: nothing to pack")
+    if len(values) > PACKED_MAX_RECORDS:
+        raise EncodeError(f"packed op-metrics: {len(values)} records, at most {PACKED_MAX_RECORDS}")
+    if jobs is not None and len(set(jobs)) > 1:
+        raise EncodeError(f"packed op-metrics: records of several jobs ({', '.join(sorted(set(jobs)))})")
+    if len(values) == 1:
+        return values[0]
+    return b'{"type":"op-metrics-batch","v":1,"records":[' + b",".join(values) + b"]}"
+
+
+def op_metrics_from_dict(data: Any, where: str = "op-metrics") -> list[OpMetrics]:
+    """The records of a decoded op-metrics message: one for the single form, the list of a
+    packed one. A packed message is all or nothing: one bad record rejects it."""
+    if not isinstance(data, dict):
+        raise DecodeError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("type") != PACKED_OP_METRICS_TYPE:
+        return [OpMetrics.from_dict(data, where)]
+    version = data.get("v")
+    if type(version) is not int or version != 1:
+        raise DecodeError(f"{where}: packed op-metrics: unsupported version v={version!r} (this Pulse reads v=1)")
+    unknown = sorted(set(data) - {"type", "v", "records"})
+    if unknown:
+        raise DecodeError(f"{where}: packed op-metrics: unknown field(s) {', '.join(map(str, unknown))}")
+    items = data.get("records")
+    if not isinstance(items, list) or not items:
+        raise DecodeError(f"{where}: packed op-metrics: 'records' must be a non-empty list")
+    if len(items) > PACKED_MAX_RECORDS:
+        raise DecodeError(f"{where}: packed op-metrics: {len(items)} records, at most {PACKED_MAX_RECORDS}")
+    out = [OpMetrics.from_dict(item, f"{where} records[{i}]") for i, item in enumerate(items)]
+    job = out[0].job
+    for i, rec in enumerate(out):
+        if rec.job != job:
+            raise DecodeError(f"{where} records[{i}]: job {rec.job!r} in a pack of job {job!r}")
+    return out
+
+
+def decode_op_metrics_many(raw: bytes | bytearray | memoryview | str, where: str = "op-metrics") -> list[OpMetrics]:
+    """Decode an op-metrics record in either form (single or packed)."""
+    return op_metrics_from_dict(loads(raw, where), where)

@@ -6,7 +6,11 @@
 * ``segment`` consumes samples *and* hook-events in one agent (Faust has no stream-stream
   join), per-node :class:`~pulse.segmentation.NodeSegmenter` state in
   :class:`~pulse.streams.state.SegmentState`, and sends op-metrics keyed by job.
-* ``localize`` consumes op-metrics, one Localizer per job, and sends verdicts keyed by job.
+* ``localize`` consumes op-metrics, one Localizer per job (in a child process by default,
+  see offload.py), and sends verdicts keyed by job, one per message.
+* Hook events and op-metrics may travel packed (several records per message, see
+  docs/semantics.md): every Kafka message costs a Faust agent ~0.25 ms before any Pulse
+  code runs, far more than its bytes.
 * Messages that fail to decode go to the dead-letter topic with the error; the partition
   goes on.
 * CPU work (numba kernels, localization) runs in one thread per agent on chunks of at most
@@ -35,12 +39,42 @@ from pulse.records import Verdict
 from pulse.settings import Settings
 
 from .influx import InfluxSink
+from .offload import LocalizeProcess
 from .state import LocalizeState, Message, Output, SegmentState
 
 log = logging.getLogger("pulse.streams")
 
 PIPELINE_INTERVAL_S = 0.5
 HANDED_LIMIT = 1 << 18
+# How long the worker's consumer lets the broker hold a fetch that finds no data. Faust
+# hard-codes 1500 ms, and Tansu does not answer a waiting fetch when data arrives: it
+# answers at the end of the wait (measured: 0.13-0.54 s per message at 1500, 2-20 ms at
+# 100), so every stage of a live stream waited up to half a second per hop.
+FETCH_MAX_WAIT_MS = 50
+
+
+def _short_fetch_wait(ms: int = FETCH_MAX_WAIT_MS) -> None:
+    """Make Faust's worker consumer use a ``fetch_max_wait_ms`` of ``ms`` (Faust exposes no
+    setting for it; the aiokafka consumer reads the attribute when it starts)."""
+    from faust.transport.drivers import aiokafka as faust_aiokafka
+
+    thread = faust_aiokafka.AIOKafkaConsumerThread
+    create = getattr(thread, "_create_worker_consumer", None)
+    if create is None:  # a Faust that renamed it: correct, only slower on Tansu (see above)
+        log.warning("cannot shorten the consumer's fetch wait on this Faust version")
+        return
+    if getattr(create, "pulse_fetch_wait", None) == ms:
+        return
+    create = getattr(create, "__wrapped__", create)
+
+    def create_worker_consumer(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
+        consumer._fetch_max_wait_ms = ms
+        return consumer
+
+    create_worker_consumer.__wrapped__ = create  # type: ignore[attr-defined]
+    create_worker_consumer.pulse_fetch_wait = ms  # type: ignore[attr-defined]
+    thread._create_worker_consumer = create_worker_consumer
 
 
 async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None = None,
@@ -145,12 +179,15 @@ class Pipeline:
     def __init__(self, settings: Settings, *, bootstrap: str | None = None, influx: InfluxSink | None = None,
                  segment_params: Any = None, localize_params: Any = None, chunk: int = 1024,
                  within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
-                 session_timeout_s: float = 10.0) -> None:
+                 session_timeout_s: float = 10.0, localize_process: bool = True) -> None:
         self.settings = settings
         self.bootstrap = bootstrap or settings.broker
         self.topics = settings.topics
         self.segment_state = SegmentState(self.topics, segment_params)
-        self.localize_state = LocalizeState(localize_params)
+        # Localization in a child process by default: a core of its own rather than a share
+        # of this process's GIL with Faust and segmentation (see offload.py).
+        self.localize_state: LocalizeState | LocalizeProcess = (
+            LocalizeProcess(localize_params) if localize_process else LocalizeState(localize_params))
         self.influx = influx
         self.chunk = chunk
         self.within_s = within_s
@@ -166,12 +203,15 @@ class Pipeline:
         self.input_done_at_ns = 0
         self.seeded: set[str] = set()
         self._handed: dict[bytes, int] = {}
+        self._loc_busy = 0
+        self._draining: asyncio.Future[None] | None = None
         self._local_tasks: set[asyncio.Task[None]] = set()
         self.app = self._build()
 
     def _build(self) -> Any:
         import faust
 
+        _short_fetch_wait()
         s = self.settings
         t = self.topics
         app = faust.App(
@@ -214,16 +254,18 @@ class Pipeline:
                 self._note_lag("localize", chunk)
                 if not msgs:
                     continue
-                out = await self._run(self._loc_pool, self.localize_state.handle, msgs)
+                out = await self._localize(msgs)
                 await self._send_verdicts(out.verdicts, verdicts)
                 await self._dead(out, dead)
+                self._drain_backlog(verdicts)
 
         @app.timer(0.25)
         async def release_held() -> None:
             # Operators held for alignment go out even when no new record arrives.
-            if self.localize_state.aligners:
+            if self.localize_state.active:
                 out = await self._run(self._loc_pool, lambda _m: self.localize_state.tick(), [])
                 await self._send_verdicts(out.verdicts, verdicts)
+                self._drain_backlog(verdicts)
 
         @app.timer(PIPELINE_INTERVAL_S)
         async def pipeline_stats() -> None:
@@ -284,15 +326,38 @@ class Pipeline:
         if len(self._handed) > HANDED_LIMIT:  # records that never came back (a rebalance)
             self._handed.clear()
         if local:
-            fut = asyncio.get_running_loop().run_in_executor(self._loc_pool, self.localize_state.handle, local)
+            fut = self._localize(local)
             task = asyncio.ensure_future(self._after_local_localize(fut, verdicts))
             self._local_tasks.add(task)
             task.add_done_callback(self._local_tasks.discard)
+
+    def _localize(self, msgs: list[Message]) -> asyncio.Future[Output]:
+        """Records to the localize state, in submission order (one thread); counted until
+        done, so the pipeline record can tell a localizer with a backlog from an idle one."""
+        self._loc_busy += 1
+        fut = asyncio.get_running_loop().run_in_executor(self._loc_pool, self.localize_state.handle, msgs)
+        fut.add_done_callback(self._localized)
+        return fut
+
+    def _localized(self, _fut: asyncio.Future[Output]) -> None:
+        self._loc_busy -= 1
 
     async def _after_local_localize(self, fut: asyncio.Future[Output], verdicts: Any) -> None:
         out = await fut
         await self._send_verdicts(out.verdicts, verdicts)
         await self._dead(out, self.topic_objects["dead"])
+        self._drain_backlog(verdicts)
+
+    def _drain_backlog(self, verdicts: Any) -> None:
+        """While the localize state has released operators left to judge (its calls have a
+        time budget), keep calling it, sending each call's verdicts as they come."""
+        if self.localize_state.backlog and (self._draining is None or self._draining.done()):
+            self._draining = asyncio.ensure_future(self._drain(verdicts))
+
+    async def _drain(self, verdicts: Any) -> None:
+        while self.localize_state.backlog:
+            out = await self._run(self._loc_pool, lambda _m: self.localize_state.tick(), [])
+            await self._send_verdicts(out.verdicts, verdicts)
 
     def _handed_over(self, m: Message) -> bool:
         n = self._handed.get(m.value or b"")
@@ -355,11 +420,21 @@ class Pipeline:
             log.warning("rebuilt segmentation state from %d committed messages", len(msgs))
 
     async def _seed_localizers(self) -> None:
+        if isinstance(self.localize_state, LocalizeProcess):  # the child imported and warmed up
+            await asyncio.get_running_loop().run_in_executor(self._loc_pool, self.localize_state.start, 120.0)
         msgs = await self._replay([self.topics.op_metrics])
         for i in range(0, len(msgs), 1024):
-            await self._run(self._loc_pool, self.localize_state.handle, msgs[i:i + 1024])
+            await self._localize(msgs[i:i + 1024])
+        await self._run(self._loc_pool, lambda _m: self.localize_state.settle(), [])  # outputs dropped too
         if msgs:
             log.warning("rebuilt localization state from %d committed messages", len(msgs))
+
+    def close(self) -> None:
+        """Stop the localize child process (if any) and the agents' threads."""
+        if isinstance(self.localize_state, LocalizeProcess):
+            self.localize_state.close()
+        self._seg_pool.shutdown(wait=False)
+        self._loc_pool.shutdown(wait=False)
 
     def pipeline_record(self, app: Any = None) -> dict[str, Any]:
         seg = self.segment_state.stats
@@ -374,6 +449,8 @@ class Pipeline:
             "lag_ms_segment": round(self.lag_ms.get("segment", 0.0), 1),
             "lag_ms_localize": round(self.lag_ms.get("localize", 0.0), 1),
             "held_op_metrics": self.localize_state.held, "input_done_at_ns": self.input_done_at_ns,
+            # Localize calls submitted and not finished (a backlog: verdicts still to come).
+            "localize_queued": self._loc_busy,
             # Both agents rebuilt their state and take new messages.
             "ready": len(self.seeded) == 2,
         }
@@ -397,3 +474,5 @@ def run_worker(settings: Settings, *, bootstrap: str | None = None, loglevel: st
         worker.execute_from_commandline()
     except SystemExit:
         pass
+    finally:
+        pipe.close()

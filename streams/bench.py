@@ -21,13 +21,32 @@ import orjson
 from pulse.settings import Settings
 
 
+def _stat(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
+    """User + system CPU seconds so far of a process and its live children (the worker's
+    localize process) (Linux /proc; 0 elsewhere)."""
+    total = 0.0
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
+        pids = [pid]
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                try:
+                    if int(_stat(int(d.name))[1]) == pid:
+                        pids.append(int(d.name))
+                except (OSError, ValueError, IndexError):
+                    continue
+        for p in pids:
+            try:
+                fields = _stat(p)
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, ValueError, IndexError):
+                continue
+    except OSError:
         return 0.0
+    return total
 
 
 async def _raw_reference(bootstrap: str, messages: list[tuple[str, bytes, bytes]], partitions: int,

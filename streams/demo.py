@@ -29,12 +29,13 @@ from pulse.errors import ServiceError
 from pulse.settings import Settings
 
 READY_TIMEOUT_S = 90.0
+FETCH_MAX_WAIT_MS = 50
 # A NIC's consecutive batches go out as one message for up to this long: the worker's cost
 # is per message, and 50 ms is small against the diagnosis latency.
 COALESCE_MS = 50.0
 # The worker's health records, kept in the summary: how far behind the live stream it was.
 TIMELINE_FIELDS = ("batches", "events", "op_metrics", "verdicts", "lag_ms_segment", "lag_ms_localize",
-                   "held_op_metrics")
+                   "held_op_metrics", "localize_queued")
 
 
 @dataclasses.dataclass
@@ -109,7 +110,7 @@ async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = RE
     from aiokafka import AIOKafkaConsumer
 
     c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", group_id=None,
-                         metadata_max_age_ms=1000)
+                         metadata_max_age_ms=1000, fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
     await c.start()
     deadline = time.monotonic() + timeout_s
     try:
@@ -159,7 +160,10 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
     try:
         await wait_worker_ready(bootstrap, settings.topics.pipeline, proc=proc, log_path=log_path,
                                 worker=settings.worker_id)
-        cons = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False)
+        # A short fetch wait: Tansu answers a waiting fetch only when the wait ends, and the
+        # verdicts' arrival time is what the latency measures.
+        cons = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
         await cons.start()
         parts = sorted(cons.partitions_for_topic(settings.topics.verdicts) or {0})
         tps = [TopicPartition(settings.topics.verdicts, p) for p in parts]
@@ -168,7 +172,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         for tp in tps:
             await cons.position(tp)
         pipe = AIOKafkaConsumer(settings.topics.pipeline, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="latest")
+                                auto_offset_reset="latest", fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
         await pipe.start()
         say(f"streaming {trace.name} at {cfg.speed:g}x real time...")
         done = asyncio.Event()
@@ -178,6 +182,8 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         async def stream() -> None:
             async with Publisher(settings, bootstrap=bootstrap, linger_ms=2, coalesce_ms=COALESCE_MS) as pub:
                 counts = await publish_trace(pub, trace, speed=cfg.speed, clock=clock)
+                # Against the job's own length: a publisher slower than real time shows here.
+                published["published_s"] = round(time.time() - clock.t0_wall, 3)
                 await pub.flush()
                 published.update(counts)
                 stats.update(pub.stats)
@@ -186,6 +192,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         task = asyncio.create_task(stream())
         timeline: list[dict[str, Any]] = []
         worker_batches = 0
+        localize_idle = False
         last_change = time.monotonic()
         end_deadline: float | None = None
         while True:
@@ -219,6 +226,8 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
                         if rec.get("batches", 0) != worker_batches:
                             worker_batches = rec["batches"]
                             last_change = time.monotonic()
+                        # The localizer may still work through a backlog after the input ended.
+                        localize_idle = not rec.get("localize_queued") and not rec.get("held_op_metrics")
             if proc.poll() is not None:
                 raise ServiceError(f"the worker died (status {proc.returncode}); log {log_path}")
             if done.is_set():
@@ -227,7 +236,8 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
                 if end_deadline is None:
                     end_deadline = time.monotonic() + cfg.timeout_s
                 # The worker counts messages: merged batches when the publisher coalesced.
-                caught_up = worker_batches >= stats.get("batches_out", published.get("batches", 0))
+                caught_up = (worker_batches >= stats.get("batches_out", published.get("batches", 0))
+                             and localize_idle)
                 quiet = time.monotonic() - last_change > cfg.quiet_s
                 if (caught_up and quiet) or time.monotonic() > end_deadline:
                     break
@@ -247,6 +257,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         "latency_s": lats[0] if lats else None,
         "truth": {"nodes": (truth.get("culprit") or {}).get("nodes"), "kind": truth.get("kind")},
         "batches": published.get("batches", 0), "rows": published.get("rows", 0),
+        "published_s": published.get("published_s"),
         "worker_batches": worker_batches, "publisher": stats, "worker_log": str(log_path),
         "worker_timeline": timeline,
     }

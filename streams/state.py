@@ -6,7 +6,9 @@ one agent (Faust has no stream-stream join): batches go to ``update``, hook even
 ``add_events``. Comm events reach every node's segmenter (ring orders are per
 communicator, not per node). What a segmenter emits becomes ``op-metrics`` records keyed
 by job; comm and flow events are forwarded on the same topic so the localizer of the job
-(possibly on another worker) learns membership and NICs.
+(possibly on another worker) learns membership and NICs. Both directions use the packed
+forms (``pulse.events`` / ``pulse.records``): a hook-events message may hold a node's events,
+and what one chunk emits for a job goes out as one op-metrics message.
 
 :class:`LocalizeState` holds one :class:`~pulse.localization.Localizer` per job.
 
@@ -17,6 +19,7 @@ one bad message never stops a partition.
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import time
 from collections.abc import Iterable
@@ -27,10 +30,16 @@ import orjson
 from pulse import events as _events
 from pulse import samples as _samples
 from pulse.errors import DecodeError, PulseError
-from pulse.records import OpMetrics, Verdict, decode_op_metrics
+from pulse.records import OpMetrics, Verdict, encode_op_metrics_packed_json, op_metrics_from_dict
 from pulse.settings import Topics
 
 DEAD_LETTER_VALUE_LIMIT = 1 << 20
+# Bound of a packed op-metrics message (the segment agent packs what one chunk emits for a
+# job: every Kafka message costs its consumer far more than its bytes), well under the
+# producer's 1 MiB request size.
+PACK_BYTES = 256 << 10
+# Records per localizer call when a time budget applies (about 30 ms at 64 GPUs).
+JUDGE_STEP = 64
 
 
 def _segmentation() -> tuple[Any, Any]:
@@ -101,6 +110,22 @@ class Message:
     timestamp: int | None = None
 
 
+def _by_size(items: list[Any], sizes_of: list[bytes]) -> list[list[Any]]:
+    """``items`` cut, in order, into runs whose encoded sizes add up to at most PACK_BYTES."""
+    parts: list[list[Any]] = []
+    cur: list[Any] = []
+    size = 0
+    for item, raw in zip(items, sizes_of, strict=True):
+        if cur and size + len(raw) > PACK_BYTES:
+            parts.append(cur)
+            cur, size = [], 0
+        cur.append(item)
+        size += len(raw) + 1
+    if cur:
+        parts.append(cur)
+    return parts
+
+
 class SegmentState:
     """The segment agent's state on one worker: per-node segmenters."""
 
@@ -134,29 +159,35 @@ class SegmentState:
         out = Output()
         hooks: dict[str, list[_events.HookEvent]] = {}
         batches: list[_samples.EpochBatch] = []
+        # Comm/flow events forwarded to the job's localizer, per (job, node): packed, ahead
+        # of the chunk's metrics.
+        fwd: dict[tuple[str, str], list[_events.HookEvent]] = {}
         for m in messages:
             where = f"{m.topic}[{m.partition}]@{m.offset}"
             try:
                 if m.topic == self.topics.samples:
                     batches.append(_samples.decode(m.value or b"", where=where))
                 elif m.topic == self.topics.hook_events:
-                    ev = _events.decode(m.value or b"", where=where)
-                    hooks.setdefault(ev.node, []).append(ev)
+                    evs = _events.decode_many(m.value or b"", where=where)  # single or packed
+                    hooks.setdefault(evs[0].node, []).extend(evs)
                 else:
                     raise DecodeError(f"message from unexpected topic {m.topic!r}")
             except PulseError as exc:
                 self.dead += 1
                 out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "segment"))
+        # Comm events reach every node's segmenter: all of the chunk's at once, one
+        # add_events per segmenter (one per event and segmenter cost ~0.5 s of CPU at the
+        # start of a 64-GPU job, while its first batches waited).
+        comms = [e for evs in hooks.values() for e in evs if isinstance(e, _events.CommEvent)]
+        if comms:
+            self._add_comms(comms, fwd, out)
         for node, evs in hooks.items():
             self.events += len(evs)
-            comms = [e for e in evs if isinstance(e, _events.CommEvent)]
-            for c in comms:
-                self._emit(self._hook(c, forward=True, out=out), out)
             rest = [e for e in evs if not isinstance(e, _events.CommEvent)]
             for e in rest:
                 self._job_of(e.node, e.job)
                 if isinstance(e, _events.FlowEvent):
-                    out.op_metrics.append((e.job.encode(), _events.encode(e)))
+                    fwd.setdefault((e.job, e.node), []).append(e)
             if rest:
                 self._emit(self.segmenter(node).add_events(rest), out)
         # Every batch of the chunk is taken in first, then each node's segmenter runs once:
@@ -179,35 +210,48 @@ class SegmentState:
                                            str(exc), "segment"))
         for seg in touched.values():
             self._emit(seg.run(), out)
+        self._pack(out, fwd)
         return out
+
+    @staticmethod
+    def _pack(out: Output, fwd: dict[tuple[str, str], list[_events.HookEvent]]) -> None:
+        """Turn the chunk's records into packed op-metrics messages of at most
+        ``PACK_BYTES``: forwarded events per (job, node) first, then the metrics per job,
+        each in order."""
+        packed: list[tuple[bytes, bytes]] = []
+        for (job, _node), evs in fwd.items():
+            for part in _by_size(evs, [e.to_json() for e in evs]):
+                packed.append((job.encode(), _events.encode_packed(part)))
+        per_job: dict[bytes, list[bytes]] = {}
+        for key, value in out.op_metrics:
+            per_job.setdefault(key, []).append(value)
+        for key, values in per_job.items():
+            for part in _by_size(values, values):
+                packed.append((key, encode_op_metrics_packed_json(part)))
+        out.op_metrics = packed
 
     def finish(self) -> Output:
         out = Output()
         for seg in self.nodes.values():
             self._emit(seg.finish(), out)
+        self._pack(out, {})
         return out
 
     def _job_of(self, node: str, job: str) -> None:
         if job:
             self._jobs[node] = job
 
-    def _hook(self, ev: _events.HookEvent, *, forward: bool, out: Output | None = None) -> list[OpMetrics]:
-        self._job_of(ev.node, ev.job)
-        if isinstance(ev, _events.CommEvent):
-            key = (ev.comm_id, ev.node, ev.rank)
-            if key in self._comms and not forward:
-                return []
-            self._comms[key] = ev
-            metrics: list[OpMetrics] = []
-            for node in list(self.nodes):
-                metrics += self.nodes[node].add_events([ev])
-            if ev.node not in self.nodes:
-                self.segmenter(ev.node)
-        else:
-            metrics = self.segmenter(ev.node).add_events([ev])
-        if forward and out is not None and not isinstance(ev, _events.OpEvent):
-            out.op_metrics.append((ev.job.encode(), _events.encode(ev)))
-        return metrics
+    def _add_comms(self, comms: list[_events.CommEvent], fwd: dict[tuple[str, str], list[_events.HookEvent]],
+                   out: Output) -> None:
+        for c in comms:
+            self._job_of(c.node, c.job)
+            self._comms[(c.comm_id, c.node, c.rank)] = c
+            fwd.setdefault((c.job, c.node), []).append(c)
+        for seg in list(self.nodes.values()):
+            self._emit(seg.add_events(comms), out)
+        for c in comms:  # a new node's segmenter starts with every comm known
+            if c.node not in self.nodes:
+                self.segmenter(c.node)
 
     def _emit(self, metrics: list[OpMetrics], out: Output) -> None:
         for m in metrics:
@@ -304,17 +348,37 @@ class _Aligner:
         return sum(len(r) for ops in self.pending.values() for r in ops.values())
 
 
+def _take_ops(queue: collections.deque[OpMetrics], n: int | None) -> list[OpMetrics]:
+    """The first ``n`` or more records of ``queue`` up to an operator's end (all when
+    ``n`` is None): an operator's ranks are judged in one call, as the aligner released them."""
+    if n is None or len(queue) <= n:
+        out = list(queue)
+        queue.clear()
+        return out
+    out = [queue.popleft() for _ in range(n)]
+    last = (out[-1].comm_id, out[-1].seq)
+    while queue and (queue[0].comm_id, queue[0].seq) == last:
+        out.append(queue.popleft())
+    return out
+
+
 class LocalizeState:
     """The localize agent's state on one worker: one aligner and one localizer per job."""
 
-    def __init__(self, params: Any = None, *, hold_ns: int = 1_000_000_000, idle_s: float = 0.5) -> None:
+    def __init__(self, params: Any = None, *, hold_ns: int = 1_000_000_000, idle_s: float = 0.5,
+                 budget_s: float | None = None) -> None:
         localizer, localize_params = _localization()
         self._make = localizer
         self.params = params if params is not None else localize_params()
         self.hold_ns = hold_ns
         self.idle_s = idle_s
+        # With a budget, a call judges released operators for about that long and keeps the
+        # rest (in order) for the next call: a localizer behind a backlog hands out its
+        # verdicts as it goes rather than all at the end of one long call.
+        self.budget_s = budget_s
         self.jobs: dict[str, Any] = {}
         self.aligners: dict[str, _Aligner] = {}
+        self._backlog: dict[str, collections.deque[OpMetrics]] = {}
         self.metrics = 0
         self.verdicts = 0
         self.dead = 0
@@ -326,44 +390,74 @@ class LocalizeState:
             self.aligners[job] = _Aligner(self.hold_ns, self.idle_s)
         return loc
 
+    def aligner(self, job: str) -> _Aligner:
+        self.localizer(job)
+        return self.aligners[job]
+
     def handle(self, messages: Iterable[Message], now: float | None = None) -> Output:
         """Take op-metrics records (and forwarded comm/flow events); returns verdicts of the
         operators that could be released."""
         now = time.monotonic() if now is None else now
         out = Output()
         for m in messages:
+            where = f"{m.topic}[{m.partition}]@{m.offset}"
             try:
                 data = orjson.loads(m.value or b"")
                 if not isinstance(data, dict):
-                    raise DecodeError("expected a JSON object")
-                if data.get("type") == "op-metrics":
-                    rec = decode_op_metrics(m.value or b"", where=f"{m.topic}[{m.partition}]@{m.offset}")
-                    self.localizer(rec.job)
-                    self.aligners[rec.job].add(rec, now)
-                    self.metrics += 1
-                else:
-                    ev = _events.from_dict(data, where=f"{m.topic}[{m.partition}]@{m.offset}")
-                    self.localizer(ev.job).add_events([ev])
+                    raise DecodeError(f"{where}: expected a JSON object")
+                if data.get("type") in ("op-metrics", "op-metrics-batch"):  # single or packed
+                    recs = op_metrics_from_dict(data, where)
+                    al = self.aligner(recs[0].job)
+                    for rec in recs:
+                        al.add(rec, now)
+                    self.metrics += len(recs)
+                else:  # forwarded comm/flow events, single or packed
+                    evs = _events.events_from_dict(data, where)
+                    self.localizer(evs[0].job).add_events(evs)
             except (PulseError, orjson.JSONDecodeError) as exc:
                 self.dead += 1
                 out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "localize"))
         out.extend(self.tick(now))
         return out
 
-    def tick(self, now: float | None = None) -> Output:
-        """Release what the aligners hold long enough (call it periodically)."""
+    def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> Output:
+        """Release what the aligners hold long enough and judge it (call it periodically;
+        with a budget, call it again while ``backlog``)."""
         now = time.monotonic() if now is None else now
+        budget = self.budget_s if budget_s == -1.0 else budget_s
         out = Output()
         for job, al in self.aligners.items():
             recs = al.ready(now)
             if recs:
-                vs = self.jobs[job].update(recs)
+                self._backlog.setdefault(job, collections.deque()).extend(recs)
+        deadline = None if budget is None else time.monotonic() + budget
+        for job, queue in self._backlog.items():
+            while queue:
+                vs = self.jobs[job].update(_take_ops(queue, None if deadline is None else JUDGE_STEP))
+                out.verdicts += vs
+                self.verdicts += len(vs)
+                if deadline is not None and time.monotonic() >= deadline:
+                    return out
+        return out
+
+    def settle(self) -> Output:
+        """Judge the whole backlog now, releasing nothing new (after a state rebuild, whose
+        outputs are dropped: they were sent before the commit it replays up to)."""
+        out = Output()
+        for job, queue in self._backlog.items():
+            if queue:
+                vs = self.jobs[job].update(_take_ops(queue, None))
                 out.verdicts += vs
                 self.verdicts += len(vs)
         return out
 
+    @property
+    def backlog(self) -> int:
+        """Records released by the aligners and not judged yet (a budget ran out)."""
+        return sum(len(q) for q in self._backlog.values())
+
     def finish(self) -> Output:
-        out = self.tick(float("inf"))
+        out = self.tick(float("inf"), budget_s=None)
         for loc in self.jobs.values():
             vs = loc.finish()
             out.verdicts += vs
@@ -372,4 +466,9 @@ class LocalizeState:
 
     @property
     def held(self) -> int:
-        return sum(a.held for a in self.aligners.values())
+        return sum(a.held for a in self.aligners.values()) + self.backlog
+
+    @property
+    def active(self) -> bool:
+        """Whether a job is known (then ``tick`` may release held operators)."""
+        return bool(self.aligners)

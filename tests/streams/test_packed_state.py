@@ -1,0 +1,154 @@
+"""The agents' state reads the packed forms like the single ones: a packed hook-events
+message segments exactly as its events sent one by one, a malformed pack is one dead letter
+while the rest goes on, and the localize state (in process or in its child process) takes
+packed op-metrics like single records."""
+
+from __future__ import annotations
+
+import asyncio
+
+import orjson
+from pulse.streams.offload import LocalizeProcess
+from pulse.streams.state import LocalizeState, Message, SegmentState
+
+from pulse import events as _events
+from pulse import samples as _samples
+from pulse.records import decode_op_metrics_many
+from pulse.samples import EpochBatch
+from pulse.settings import Topics
+
+T = Topics.with_prefix("pk")
+
+
+def _items(trace):
+    from pulse.producers.replay import replay_items
+
+    async def go():
+        return [it async for it in replay_items(trace)]
+
+    return asyncio.run(go())
+
+
+def _messages(items, packed: bool) -> list[Message]:
+    """Hook events one per message, or packed per node between batches (order kept)."""
+    out: list[Message] = []
+    pending: dict[str, list] = {}
+
+    def flush():
+        for node, evs in pending.items():
+            out.append(Message(T.hook_events, node.encode(), _events.encode_packed(evs), 0, len(out)))
+        pending.clear()
+
+    for it in items:
+        if isinstance(it, EpochBatch):
+            flush()
+            out.append(Message(T.samples, it.node.encode(), _samples.encode(it), 0, len(out)))
+        elif packed:
+            pending.setdefault(it.node, []).append(it)
+        else:
+            out.append(Message(T.hook_events, it.node.encode(), _events.encode(it), 0, len(out)))
+    flush()
+    return out
+
+
+def _run(msgs: list[Message]):
+    seg = SegmentState(T)
+    recs, forwarded, dead = [], [], []
+    for i in range(0, len(msgs), 64):
+        out = seg.handle(msgs[i:i + 64])
+        dead += out.dead
+        for _key, value in out.op_metrics:
+            kind = orjson.loads(value)["type"]
+            if kind in ("op-metrics", "op-metrics-batch"):
+                recs += decode_op_metrics_many(value)
+            else:
+                forwarded += _events.decode_many(value)
+    return recs, forwarded, dead, seg
+
+
+def test_packed_hook_events_segment_like_single_ones(sim_trace):
+    items = _items(sim_trace("nic-slow"))
+    single, packed = _messages(items, False), _messages(items, True)
+    assert len(packed) < len(single)
+    a, fa, da, sa = _run(single)
+    b, fb, db, sb = _run(packed)
+    assert a and sorted(map(repr, a)) == sorted(map(repr, b)) and not da and not db
+    assert sorted(map(repr, fa)) == sorted(map(repr, fb))
+    assert sa.events == sb.events == sum(not isinstance(i, EpochBatch) for i in items)
+
+
+def test_a_malformed_pack_is_one_dead_letter_and_the_rest_goes_on(sim_trace):
+    items = _items(sim_trace("nic-slow"))
+    msgs = _messages(items, True)
+    i = next(k for k, m in enumerate(msgs) if m.topic == T.hook_events and b'"type":"batch"' in (m.value or b""))
+    bad = orjson.loads(msgs[i].value)
+    bad["events"][-1]["seq"] = "seven"
+    msgs.insert(i + 1, Message(T.hook_events, msgs[i].key, orjson.dumps(bad), 0, 10_000))
+    recs, _fwd, dead, _seg = _run(msgs)
+    assert [(d.offset, d.stage) for d in dead] == [(10_000, "segment")]
+    assert "events[" in dead[0].error and "seq" in dead[0].error
+    # nothing of the bad pack was applied
+    assert sorted(map(repr, recs)) == sorted(map(repr, _run(_messages(items, True))[0]))
+
+
+def _localize(state, groups):
+    vs = []
+    for msgs in groups:
+        vs += state.handle(msgs, now=0.0).verdicts
+    vs += state.finish().verdicts
+    return [(v.status, v.kind, v.nodes, v.first_seen_ns) for v in vs]
+
+
+def test_localize_state_takes_packed_and_single_records_alike(sim_trace):
+    items = _items(sim_trace("nic-slow"))
+    seg = SegmentState(T)
+    # The same records in the same calls: one packed message, or its records one by one.
+    packed: list[list[Message]] = []
+    single: list[list[Message]] = []
+    for i in range(0, len(msgs := _messages(items, True)), 64):
+        out = seg.handle(msgs[i:i + 64]).op_metrics
+        packed.append([Message(T.op_metrics, key, value, 0, 0) for key, value in out])
+        single.append([])
+        for key, value in out:
+            data = orjson.loads(value)
+            parts = data.get("records") or data.get("events") or [data]
+            single[-1] += [Message(T.op_metrics, key, orjson.dumps(p), 0, 0) for p in parts]
+    assert sum(map(len, packed)) < sum(map(len, single))
+    want = _localize(LocalizeState(), single)
+    assert any(s == "anomaly" for s, *_ in want)
+    assert _localize(LocalizeState(), packed) == want
+    child = LocalizeProcess()
+    try:
+        assert _localize(child, packed) == want
+        assert child.held == 0 and child.active
+        bad = child.handle([Message(T.op_metrics, b"j", b'{"type": "op-metrics-batch", "v": 1, "records": []}', 0, 1)])
+        assert len(bad.dead) == 1 and "non-empty" in bad.dead[0].error
+    finally:
+        child.close()
+
+
+def test_a_time_budget_hands_out_the_same_verdicts_in_steps(sim_trace, monkeypatch):
+    """With a budget the localize state judges part of what its aligners released per call
+    and keeps the rest, in order, for the next calls: the same diagnosis, as it goes."""
+    items = _items(sim_trace("nic-slow"))
+    seg = SegmentState(T)
+    groups: list[list[Message]] = []
+    for i in range(0, len(msgs := _messages(items, True)), 64):
+        groups.append([Message(T.op_metrics, k, v, 0, 0) for k, v in seg.handle(msgs[i:i + 64]).op_metrics])
+    want = _localize(LocalizeState(), groups)
+    monkeypatch.setattr("pulse.streams.state.JUDGE_STEP", 4)  # small steps at this small size
+    stepped = LocalizeState(budget_s=0.0)  # one step (>= JUDGE_STEP records) per call
+    got, calls = [], 0
+    for msgs in groups:
+        got += stepped.handle(msgs, now=0.0).verdicts
+        while stepped.backlog:
+            got += stepped.tick(0.0).verdicts
+            calls += 1
+    got += stepped.finish().verdicts
+    assert calls > 0 and stepped.backlog == 0
+    got_t = [(v.status, v.kind, v.nodes, v.first_seen_ns) for v in got]
+    # The diagnosis is the same; only a periodic "healthy" verdict's first_seen_ns follows
+    # the localizer's call boundaries.
+    assert len(got_t) == len(want)
+    assert [x for x in got_t if x[0] != "healthy"] == [x for x in want if x[0] != "healthy"]
+    assert any(x[0] == "anomaly" for x in want)
