@@ -201,3 +201,28 @@ def loads(raw: bytes | bytearray | memoryview | str, where: str) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise DecodeError(f"{where}: not valid JSON ({exc})") from None
+
+
+def unpack(data: dict[str, Any], where: str, *, what: str, key: str, limit: int,
+           decode: Callable[[Any, str], T], same: str) -> list[T]:
+    """The records of a packed message ``{"type": ..., "v": 1, key: [...]}`` (the caller
+    checked the type), each decoded with ``decode(item, where)``; all or nothing, and every
+    record must share the first one's ``same`` attribute (one node's events, one job's
+    metrics)."""
+    version = data.get("v")
+    if type(version) is not int or version != 1:
+        raise DecodeError(f"{where}: packed {what}: unsupported version v={version!r} (this Pulse reads v=1)")
+    unknown = sorted(set(data) - {"type", "v", key})
+    if unknown:
+        raise DecodeError(f"{where}: packed {what}: unknown field(s) {', '.join(map(str, unknown))}")
+    items = data.get(key)
+    if not isinstance(items, list) or not items:
+        raise DecodeError(f"{where}: packed {what}: '{key}' must be a non-empty list")
+    if len(items) > limit:
+        raise DecodeError(f"{where}: packed {what}: {len(items)} {key}, at most {limit}")
+    out = [decode(item, f"{where} {key}[{i}]") for i, item in enumerate(items)]
+    first = getattr(out[0], same)
+    for i, rec in enumerate(out):
+        if getattr(rec, same) != first:
+            raise DecodeError(f"{where} {key}[{i}]: {same} {getattr(rec, same)!r} in a pack of {same} {first!r}")
+    return out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Union
 
-from pulse._schema import INT64, NONNEG, UINT32, Field, Record, loads
+from pulse._schema import INT64, NONNEG, UINT32, Field, Record, loads, unpack
 from pulse.errors import DecodeError, EncodeError
 from pulse.samples import check_name
 
@@ -270,23 +270,8 @@ def events_from_dict(data: Any, where: str = "hook events") -> list[HookEvent]:
         raise DecodeError(f"{where}: expected a JSON object, got {type(data).__name__}")
     if data.get("type") != PACKED_TYPE:
         return [from_dict(data, where)]
-    version = data.get("v")
-    if type(version) is not int or version != 1:
-        raise DecodeError(f"{where}: packed hook events: unsupported version v={version!r} (this Pulse reads v=1)")
-    unknown = sorted(set(data) - {"type", "v", "events"})
-    if unknown:
-        raise DecodeError(f"{where}: packed hook events: unknown field(s) {', '.join(map(str, unknown))}")
-    items = data.get("events")
-    if not isinstance(items, list) or not items:
-        raise DecodeError(f"{where}: packed hook events: 'events' must be a non-empty list")
-    if len(items) > PACKED_MAX_EVENTS:
-        raise DecodeError(f"{where}: packed hook events: {len(items)} events, at most {PACKED_MAX_EVENTS}")
-    out = [from_dict(item, f"{where} events[{i}]") for i, item in enumerate(items)]
-    node = out[0].node
-    for i, ev in enumerate(out):
-        if ev.node != node:
-            raise DecodeError(f"{where} events[{i}]: node {ev.node!r} in a pack of node {node!r}")
-    return out
+    return unpack(data, where, what="hook events", key="events", limit=PACKED_MAX_EVENTS, decode=from_dict,
+                  same="node")
 
 
 def decode_many(raw: bytes | bytearray | memoryview | str, where: str = "hook events") -> list[HookEvent]:

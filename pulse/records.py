@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pulse._schema import INT64, NONNEG, Field, Record, loads
+from pulse._schema import INT64, NONNEG, Field, Record, loads, unpack
 from pulse.errors import DecodeError, EncodeError
 from pulse.events import OP_KINDS, _comm_id, _name
 
@@ -213,23 +213,8 @@ def op_metrics_from_dict(data: Any, where: str = "op-metrics") -> list[OpMetrics
         raise DecodeError(f"{where}: expected a JSON object, got {type(data).__name__}")
     if data.get("type") != PACKED_OP_METRICS_TYPE:
         return [OpMetrics.from_dict(data, where)]
-    version = data.get("v")
-    if type(version) is not int or version != 1:
-        raise DecodeError(f"{where}: packed op-metrics: unsupported version v={version!r} (this Pulse reads v=1)")
-    unknown = sorted(set(data) - {"type", "v", "records"})
-    if unknown:
-        raise DecodeError(f"{where}: packed op-metrics: unknown field(s) {', '.join(map(str, unknown))}")
-    items = data.get("records")
-    if not isinstance(items, list) or not items:
-        raise DecodeError(f"{where}: packed op-metrics: 'records' must be a non-empty list")
-    if len(items) > PACKED_MAX_RECORDS:
-        raise DecodeError(f"{where}: packed op-metrics: {len(items)} records, at most {PACKED_MAX_RECORDS}")
-    out = [OpMetrics.from_dict(item, f"{where} records[{i}]") for i, item in enumerate(items)]
-    job = out[0].job
-    for i, rec in enumerate(out):
-        if rec.job != job:
-            raise DecodeError(f"{where} records[{i}]: job {rec.job!r} in a pack of job {job!r}")
-    return out
+    return unpack(data, where, what="op-metrics", key="records", limit=PACKED_MAX_RECORDS,
+                  decode=OpMetrics.from_dict, same="job")
 
 
 def decode_op_metrics_many(raw: bytes | bytearray | memoryview | str, where: str = "op-metrics") -> list[OpMetrics]:
