@@ -124,6 +124,8 @@ class Localizer:
         and the communicator of each."""
         self._hyps: dict[Key, _Incident] = {}
         self._hyps_at: int | None = None
+        self._prev_end: dict[tuple[str, int], tuple[int, int]] = {}
+        """(comm, rank) -> (seq, end_ns) of its last judged operator."""
         self._final = False
 
     # -- input ------------------------------------------------------------------------------
@@ -254,7 +256,9 @@ class Localizer:
                 self._hot[key] = None
             else:
                 self._hot.pop(key, None)
-        late = {f.rank: f for f in j.findings if f.kind == LATE}
+        late = {f.rank: f for f in j.findings if f.kind == LATE and not self._late_explained(comm, seq, f, ordered)}
+        for r in ordered:
+            self._prev_end[(comm, r.rank)] = (seq, r.end_ns)
         if len(ordered) >= self.p.min_ranks and j.judged:
             for i in j.judged:
                 r = ordered[i]
@@ -496,6 +500,23 @@ class Localizer:
         if len(self._siblings) > 50_000:
             for k in list(self._siblings)[:25_000]:
                 del self._siblings[k]
+
+    def _late_explained(self, comm: str, seq: int, f: Finding, ordered: list[OpMetrics]) -> bool:
+        """A late issue that follows a normal compute gap after a previous operator that
+        ended late: the rank waited for the network, not for its own compute."""
+        if self.p.late_gap_frac <= 0:
+            return False
+        gaps: dict[int, float] = {}
+        for r in ordered:
+            prev = self._prev_end.get((comm, r.rank))
+            if prev is None or prev[0] != seq - 1 or r.t_host_ns is None:
+                return False  # no previous operator to measure the gap from: keep the finding
+            gaps[r.rank] = float(r.t_host_ns - prev[1])
+        if f.rank not in gaps or len(gaps) < 2:
+            return False
+        others = median([g for rk, g in gaps.items() if rk != f.rank])
+        lag = f.peers - f.value  # how much later than its peers the rank issued
+        return gaps[f.rank] - others < self.p.late_gap_frac * lag
 
     def _note_alive(self, m: OpMetrics) -> None:
         times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []

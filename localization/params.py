@@ -151,6 +151,12 @@ class LocalizeParams:
     Waiting dwarfs the operator's own length (a few ms) only at tens of ms."""
     late_ratio: float = 0.0
     """...and by at least this fraction of the peers' median span (0: off)."""
+    late_gap_frac: float = 0.5
+    """...and its own compute gap (this operator's issue minus the end of its previous
+    operator of the communicator, one node's clock) must exceed its peers' median gap by
+    this fraction of the lateness. A rank whose previous operator ended late (it sits
+    behind a slow link in the ring) issues late after a normal gap: a victim, not a
+    compute straggler (0: off)."""
 
     # -- path / group ----------------------------------------------------------------------
     link_min_obs: int = 3

@@ -447,3 +447,55 @@ def test_evaluating_hypotheses_every_operator_or_throttled_names_the_same_culpri
     for m, e in cases:
         every = culprits(localize(m, e, LocalizeParams(hypotheses_every_ns=0)))
         assert every and culprits(localize(m, e, LocalizeParams(hypotheses_every_ns=50_000_000))) == every
+
+
+def _ring_late(victim: bool):
+    """A 4-rank ring (node-00..03), an operator every 120 ms. On odd seqs node-02 issues
+    80 ms after its peers and the operator ends together on every rank (node-02's span is
+    80 ms shorter: "late"). ``victim``: its previous (even) operator ended 80 ms late (it sat
+    behind a slow hop) and it issued after the same compute gap as its peers; otherwise its
+    previous operator ended with the others and its own gap was 80 ms longer (a compute
+    straggler)."""
+    from pulse.events import CommEvent, FlowEvent
+    from pulse.records import OpMetrics
+    evs, ms = [], []
+    for rank in range(4):
+        evs.append(CommEvent(job="job", node=synth.node(rank), comm_id="dp", rank=rank, nranks=4, pid=1,
+                             rings=[[0, 1, 2, 3]]))
+        evs.append(FlowEvent(job="job", node=synth.node(rank), nic="mlx5_0", flow=300 + rank, comm_id="dp",
+                             rank=rank, peer=(rank + 1) % 4, channel=0, direction="send"))
+    prev_end = dict.fromkeys(range(4), 0)
+    for seq in range(40):
+        base = seq * 120_000_000 + 10_000_000
+        late = seq % 2 == 1 and seq >= 10
+        issue = {rk: base for rk in range(4)}
+        if late:
+            # the peers' compute gap: from the operator's common end to the next issue
+            issue[2] = (prev_end[2] + base - prev_end[0]) if victim else base + 80_000_000
+        end = max(issue.values()) + 10_000_000
+        ends = dict.fromkeys(range(4), end)
+        if victim and seq % 2 == 0 and seq >= 9:
+            ends[2] = end + 78_000_000  # node-02 finishes its hop late
+        for rk in range(4):
+            start = max(issue.values()) + 100_000
+            e = max(ends[rk], start + 1)
+            ms.append(OpMetrics(job="job", node=synth.node(rk), comm_id="dp", seq=seq, rank=rk, kind="AllReduce",
+                                nranks=4, start_ns=start, end_ns=e, duration_ns=e - start, act_ns=2_000_000,
+                                volume_bytes=6 << 20, expected_bytes=6 << 20, complete=True,
+                                active_rate=(6 << 20) / 2e-3, flows=1, epoch_ns=synth.EPOCH, nics=["mlx5_0"],
+                                t_host_ns=issue[rk]))
+            prev_end[rk] = ends[rk]
+    return evs, ms
+
+
+def test_late_issue_after_a_late_previous_end_is_not_a_compute_straggler():
+    # node-02 issues 80 ms late on every other operator in both runs (half the window:
+    # late_frac 0.5 here); only when its own compute gap is the long one is it a straggler
+    p = LocalizeParams(late_min_ns=60_000_000, late_frac=0.5)
+    evs, ms = _ring_late(victim=False)
+    assert ("compute-slow", "node", ("node-02",)) in culprits(localize(ms, evs, p))
+    evs, ms = _ring_late(victim=True)
+    assert not any(k == "compute-slow" for k, _l, _n in culprits(localize(ms, evs, p)))
+    # the veto off: the same victim is blamed (what the lab's ring showed before)
+    off = LocalizeParams(late_min_ns=60_000_000, late_frac=0.5, late_gap_frac=0.0)
+    assert ("compute-slow", "node", ("node-02",)) in culprits(localize(ms, evs, off))
