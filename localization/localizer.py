@@ -259,7 +259,7 @@ class Localizer:
         late = {f.rank: f for f in j.findings if f.kind == LATE and not self._late_explained(comm, seq, f, ordered)}
         for r in ordered:
             self._prev_end[(comm, r.rank)] = (seq, r.end_ns)
-        if len(ordered) >= self.p.min_ranks and j.judged:
+        if len(ordered) >= self.p.late_min_ranks and j.judged:
             for i in j.judged:
                 r = ordered[i]
                 lw = self._late[(r.node, comm)]

@@ -151,6 +151,10 @@ class LocalizeParams:
     Waiting dwarfs the operator's own length (a few ms) only at tens of ms."""
     late_ratio: float = 0.0
     """...and by at least this fraction of the peers' median span (0: off)."""
+    late_min_ranks: int = 2
+    """Ranks with records a collective needs for the lateness comparison. Two suffice: the
+    rank that arrived later has the shorter issue-to-end span (its peer waited), and the
+    per-node persistence over communicators decides (data parallelism of two)."""
     late_gap_frac: float = 0.5
     """...and its own compute gap (this operator's issue minus the end of its previous
     operator of the communicator, one node's clock) must exceed its peers' median gap by
@@ -171,7 +175,7 @@ class LocalizeParams:
     def __post_init__(self) -> None:
         for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
                      "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
-                     "max_group", "rail_min_siblings", "rail_persist"):
+                     "max_group", "rail_min_siblings", "rail_persist", "late_min_ranks"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
         if self.persist_ops > self.window_ops:

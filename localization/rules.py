@@ -165,7 +165,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
             if r.t_host_ns is not None:
                 out.waits.append((r.node, float(r.start_ns - r.t_host_ns)))
     slow = any(lk.slow for lk in out.links)
-    if n >= p.min_ranks:
+    if n >= p.late_min_ranks:
         late = Judgement()
         _judge_late(view, p, late)
         waited = [f for f in late.findings if f.peers - f.value >= p.late_override_ns]

@@ -499,3 +499,39 @@ def test_late_issue_after_a_late_previous_end_is_not_a_compute_straggler():
     # the veto off: the same victim is blamed (what the lab's ring showed before)
     off = LocalizeParams(late_min_ns=60_000_000, late_frac=0.5, late_gap_frac=0.0)
     assert ("compute-slow", "node", ("node-02",)) in culprits(localize(ms, evs, off))
+
+
+def _pairs_late():
+    """Data parallelism of two: node-02 pairs with node-03 in two communicators (one per
+    GPU); from operator 10 on node-02 issues 30 ms after its partner (its compute is slow),
+    and both end together."""
+    from pulse.events import CommEvent, FlowEvent
+    from pulse.records import OpMetrics
+    evs, ms = [], []
+    for g in range(2):
+        comm = f"dp{g}"
+        for rank, nd in enumerate((2, 3)):
+            evs.append(CommEvent(job="job", node=synth.node(nd), comm_id=comm, rank=rank, nranks=2, pid=1,
+                                 rings=[[0, 1]]))
+            evs.append(FlowEvent(job="job", node=synth.node(nd), nic=f"mlx5_{g}", flow=400 + 2 * g + rank,
+                                 comm_id=comm, rank=rank, peer=1 - rank, channel=0, direction="send"))
+        for seq in range(40):
+            base = seq * 100_000_000 + g * 1_000_000
+            issue = {0: base + (30_000_000 if seq >= 10 else 0), 1: base}
+            end = max(issue.values()) + 5_000_000
+            for rank, nd in enumerate((2, 3)):
+                start = max(issue.values()) + 100_000
+                ms.append(OpMetrics(job="job", node=synth.node(nd), comm_id=comm, seq=seq, rank=rank,
+                                    kind="AllReduce", nranks=2, start_ns=start, end_ns=end, duration_ns=end - start,
+                                    act_ns=2_000_000, volume_bytes=4 << 20, expected_bytes=4 << 20, complete=True,
+                                    active_rate=(4 << 20) / 2e-3, flows=1, epoch_ns=synth.EPOCH,
+                                    nics=[f"mlx5_{g}"], t_host_ns=issue[rank]))
+    return evs, ms
+
+
+def test_a_straggler_is_found_in_two_rank_collectives():
+    # the rank that arrives later has the shorter issue-to-end span; over both of its
+    # communicators that singles out node-02 (with three ranks required, nothing is judged)
+    evs, ms = _pairs_late()
+    assert culprits(localize(ms, evs, LocalizeParams())) == {("compute-slow", "node", ("node-02",))}
+    assert not culprits(localize(ms, evs, LocalizeParams(late_min_ranks=3)))
