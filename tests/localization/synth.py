@@ -91,3 +91,26 @@ def metrics(n: int = 4, rails: int = 2, ops: int = 40, tweak: Tweak | None = Non
 def oplevel(ms: list[OpMetrics]) -> list[OpLevel]:
     return [OpLevel(job=m.job, node=m.node, comm_id=m.comm_id, rank=m.rank, seq=m.seq, kind=m.kind,
                     nranks=m.nranks, start_ns=m.start_ns, end_ns=m.end_ns if m.complete else None) for m in ms]
+
+
+def comm_events(comm: str, nodes: list[int], nics: list[str], flow0: int, job: str = "job") -> list:
+    """Comm and send-flow events of a communicator whose rank r is on ``nodes[r]`` and
+    sends on ``nics[r]`` to the next rank (a ring; two ranks: each other)."""
+    from pulse.events import CommEvent, FlowEvent
+    n = len(nodes)
+    out: list = []
+    for rank, nd in enumerate(nodes):
+        out.append(CommEvent(job=job, node=node(nd), comm_id=comm, rank=rank, nranks=n, pid=1,
+                             rings=[list(range(n))]))
+        out.append(FlowEvent(job=job, node=node(nd), nic=nics[rank], flow=flow0 + rank, comm_id=comm, rank=rank,
+                             peer=(rank + 1) % n, channel=0, direction="send"))
+    return out
+
+
+def record(comm: str, seq: int, rank: int, nd: int, *, kind: str, nranks: int, start: int, end: int, t_host: int,
+           nic: str, act: int = 320_000, nbytes: int = 8 << 20, job: str = "job", **extra) -> OpMetrics:
+    """One complete operator record with the given timing (wire start/end, host issue)."""
+    return OpMetrics(job=job, node=node(nd), comm_id=comm, seq=seq, rank=rank, kind=kind, nranks=nranks,
+                     start_ns=start, end_ns=end, duration_ns=end - start, act_ns=act, volume_bytes=nbytes,
+                     expected_bytes=nbytes, complete=True, active_rate=nbytes / (act * 1e-9), flows=1,
+                     epoch_ns=EPOCH, nics=[nic], t_host_ns=t_host, **extra)

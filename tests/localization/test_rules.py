@@ -265,27 +265,19 @@ def _aligned(stall: dict[str, set[int]] | None = None, delay: int = 6_000_000):
 
 def _p2p(pairs: dict[str, tuple[int, int]], rails: int, ops: int, stall: dict[str, set[int]], delay: int = 6_000_000):
     """Point-to-point sends both ways between node pairs, one communicator per rail."""
-    from pulse.events import CommEvent, FlowEvent
-    from pulse.records import OpMetrics
     evs, ms, flow = [], [], 10_000
     for name, (a, b) in pairs.items():
         for k in range(rails):
             comm = f"{name}{k}"
-            for rank, nd in enumerate((a, b)):
-                evs.append(CommEvent(job="job", node=synth.node(nd), comm_id=comm, rank=rank, nranks=2, pid=1, rings=[[0, 1]]))
-                evs.append(FlowEvent(job="job", node=synth.node(nd), nic=f"mlx5_{k}", flow=flow, comm_id=comm, rank=rank,
-                                     peer=1 - rank, channel=0, direction="send"))
-                flow += 1
+            evs += synth.comm_events(comm, [a, b], [f"mlx5_{k}"] * 2, flow)
+            flow += 2
             for seq in range(ops):
                 for rank, nd in enumerate((a, b)):
                     t_host = seq * synth.PERIOD + 2_000_000 + rank * 7_000_000
                     start = t_host + 50_000
                     dur = 400_000 + (delay if seq in stall.get(comm, ()) and rank == 0 else 0)
-                    ms.append(OpMetrics(job="job", node=synth.node(nd), comm_id=comm, seq=seq, rank=rank, kind="Send",
-                                        nranks=2, start_ns=start, end_ns=start + dur, duration_ns=dur, act_ns=320_000,
-                                        volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True,
-                                        active_rate=(8 << 20) / 320e-6, flows=1, epoch_ns=synth.EPOCH,
-                                        nics=[f"mlx5_{k}"], t_host_ns=t_host))
+                    ms.append(synth.record(comm, seq, rank, nd, kind="Send", nranks=2, start=start, end=start + dur,
+                                           t_host=t_host, nic=f"mlx5_{k}"))
     return evs, ms
 
 
@@ -324,41 +316,29 @@ def _silent_pair(alive: dict[int, int], stall_seqs=((14, 30), (22, 38))):
     """node-02 <-> node-03 sends on 4 rails; on rail 1 the sends of ``stall_seqs`` (per rank:
     node-02's, node-03's) wait 6 ms before their first byte (the link is down), then go at
     full speed. ``alive``:
-    node -> a third party it exchanges with on rail 1 (comm pc1), whose operator's credit
-    grant reaches that node's NIC 3 ms into each of those waits."""
-    from pulse.events import CommEvent, FlowEvent
-    from pulse.records import OpMetrics
+    node -> a third party it exchanges with on rail 1 (comm pc<node>), whose operator's
+    credit grant reaches that node's NIC 3 ms into each of those waits."""
     evs, ms = [], []
     delay = 6_000_000
     for k in range(4):
         comm = f"pa{k}"
-        for rank, nd in enumerate((2, 3)):
-            evs.append(CommEvent(job="job", node=synth.node(nd), comm_id=comm, rank=rank, nranks=2, pid=1, rings=[[0, 1]]))
-            evs.append(FlowEvent(job="job", node=synth.node(nd), nic=f"mlx5_{k}", flow=100 + 2 * k + rank,
-                                 comm_id=comm, rank=rank, peer=1 - rank, channel=0, direction="send"))
+        evs += synth.comm_events(comm, [2, 3], [f"mlx5_{k}"] * 2, 100 + 2 * k)
         for seq in range(48):
             for rank, nd in enumerate((2, 3)):
                 t_host = seq * synth.PERIOD + 2_000_000 + rank * 7_000_000
                 start = t_host + 50_000 + (delay if k == 1 and seq in stall_seqs[rank] else 0)
-                ms.append(OpMetrics(job="job", node=synth.node(nd), comm_id=comm, seq=seq, rank=rank, kind="Send",
-                                    nranks=2, start_ns=start, end_ns=start + 400_000, duration_ns=400_000,
-                                    act_ns=320_000, volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True,
-                                    active_rate=(8 << 20) / 320e-6, flows=1, epoch_ns=synth.EPOCH,
-                                    nics=[f"mlx5_{k}"], t_host_ns=t_host))
+                ms.append(synth.record(comm, seq, rank, nd, kind="Send", nranks=2, start=start, end=start + 400_000,
+                                       t_host=t_host, nic=f"mlx5_{k}"))
+    waits = sorted((s * synth.PERIOD + 2_000_000 + r * 7_000_000) for r in (0, 1) for s in stall_seqs[r])
     for nd, other in alive.items():
-        for rank, x in enumerate((nd, other)):
-            evs.append(CommEvent(job="job", node=synth.node(x), comm_id="pc1", rank=rank, nranks=2, pid=1, rings=[[0, 1]]))
-            evs.append(FlowEvent(job="job", node=synth.node(x), nic="mlx5_1", flow=200 + rank, comm_id="pc1",
-                                 rank=rank, peer=1 - rank, channel=0, direction="send"))
-        waits = sorted((s * synth.PERIOD + 2_000_000 + r * 7_000_000) for r in (0, 1) for s in stall_seqs[r])
+        comm = f"pc{nd}"
+        evs += synth.comm_events(comm, [nd, other], ["mlx5_1"] * 2, 200 + 2 * nd)
         for seq, t0 in enumerate(waits):
             for rank, x in enumerate((nd, other)):
                 start = t0 + 20_000_000
-                ms.append(OpMetrics(job="job", node=synth.node(x), comm_id="pc1", seq=seq, rank=rank, kind="Send",
-                                    nranks=2, start_ns=start, end_ns=start + 400_000, duration_ns=400_000,
-                                    act_ns=320_000, volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True,
-                                    active_rate=(8 << 20) / 320e-6, flows=1, epoch_ns=synth.EPOCH, nics=["mlx5_1"],
-                                    t_host_ns=start - 50_000, granted_ns=t0 + 3_000_000 if x == nd else None))
+                ms.append(synth.record(comm, seq, rank, x, kind="Send", nranks=2, start=start, end=start + 400_000,
+                                       t_host=start - 50_000, nic="mlx5_1",
+                                       granted_ns=t0 + 3_000_000 if x == nd else None))
     return evs, ms
 
 
@@ -456,14 +436,7 @@ def _ring_late(victim: bool):
     behind a slow hop) and it issued after the same compute gap as its peers; otherwise its
     previous operator ended with the others and its own gap was 80 ms longer (a compute
     straggler)."""
-    from pulse.events import CommEvent, FlowEvent
-    from pulse.records import OpMetrics
-    evs, ms = [], []
-    for rank in range(4):
-        evs.append(CommEvent(job="job", node=synth.node(rank), comm_id="dp", rank=rank, nranks=4, pid=1,
-                             rings=[[0, 1, 2, 3]]))
-        evs.append(FlowEvent(job="job", node=synth.node(rank), nic="mlx5_0", flow=300 + rank, comm_id="dp",
-                             rank=rank, peer=(rank + 1) % 4, channel=0, direction="send"))
+    evs, ms = synth.comm_events("dp", [0, 1, 2, 3], ["mlx5_0"] * 4, 300), []
     prev_end = dict.fromkeys(range(4), 0)
     for seq in range(40):
         base = seq * 120_000_000 + 10_000_000
@@ -479,11 +452,8 @@ def _ring_late(victim: bool):
         for rk in range(4):
             start = max(issue.values()) + 100_000
             e = max(ends[rk], start + 1)
-            ms.append(OpMetrics(job="job", node=synth.node(rk), comm_id="dp", seq=seq, rank=rk, kind="AllReduce",
-                                nranks=4, start_ns=start, end_ns=e, duration_ns=e - start, act_ns=2_000_000,
-                                volume_bytes=6 << 20, expected_bytes=6 << 20, complete=True,
-                                active_rate=(6 << 20) / 2e-3, flows=1, epoch_ns=synth.EPOCH, nics=["mlx5_0"],
-                                t_host_ns=issue[rk]))
+            ms.append(synth.record("dp", seq, rk, rk, kind="AllReduce", nranks=4, start=start, end=e,
+                                   t_host=issue[rk], nic="mlx5_0", act=2_000_000, nbytes=6 << 20))
             prev_end[rk] = ends[rk]
     return evs, ms
 
@@ -505,27 +475,18 @@ def _pairs_late():
     """Data parallelism of two: node-02 pairs with node-03 in two communicators (one per
     GPU); from operator 10 on node-02 issues 30 ms after its partner (its compute is slow),
     and both end together."""
-    from pulse.events import CommEvent, FlowEvent
-    from pulse.records import OpMetrics
     evs, ms = [], []
     for g in range(2):
         comm = f"dp{g}"
-        for rank, nd in enumerate((2, 3)):
-            evs.append(CommEvent(job="job", node=synth.node(nd), comm_id=comm, rank=rank, nranks=2, pid=1,
-                                 rings=[[0, 1]]))
-            evs.append(FlowEvent(job="job", node=synth.node(nd), nic=f"mlx5_{g}", flow=400 + 2 * g + rank,
-                                 comm_id=comm, rank=rank, peer=1 - rank, channel=0, direction="send"))
+        evs += synth.comm_events(comm, [2, 3], [f"mlx5_{g}"] * 2, 400 + 2 * g)
         for seq in range(40):
             base = seq * 100_000_000 + g * 1_000_000
             issue = {0: base + (30_000_000 if seq >= 10 else 0), 1: base}
             end = max(issue.values()) + 5_000_000
             for rank, nd in enumerate((2, 3)):
                 start = max(issue.values()) + 100_000
-                ms.append(OpMetrics(job="job", node=synth.node(nd), comm_id=comm, seq=seq, rank=rank,
-                                    kind="AllReduce", nranks=2, start_ns=start, end_ns=end, duration_ns=end - start,
-                                    act_ns=2_000_000, volume_bytes=4 << 20, expected_bytes=4 << 20, complete=True,
-                                    active_rate=(4 << 20) / 2e-3, flows=1, epoch_ns=synth.EPOCH,
-                                    nics=[f"mlx5_{g}"], t_host_ns=issue[rank]))
+                ms.append(synth.record(comm, seq, rank, nd, kind="AllReduce", nranks=2, start=start, end=end,
+                                       t_host=issue[rank], nic=f"mlx5_{g}", act=2_000_000, nbytes=4 << 20))
     return evs, ms
 
 
@@ -535,3 +496,14 @@ def test_a_straggler_is_found_in_two_rank_collectives():
     evs, ms = _pairs_late()
     assert culprits(localize(ms, evs, LocalizeParams())) == {("compute-slow", "node", ("node-02",))}
     assert not culprits(localize(ms, evs, LocalizeParams(late_min_ranks=3)))
+
+
+def test_new_parameters_reject_bad_values():
+    import pytest
+
+    from pulse.errors import ConfigError
+
+    for bad in ({"hypotheses_every_ns": -1}, {"rail_alive_margin_ns": -5}, {"rail_alive_min": 0},
+                {"late_min_ranks": 0}):
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            LocalizeParams(**bad)
