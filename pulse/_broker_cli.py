@@ -109,7 +109,8 @@ def broker(port: int | None, check: bool, log_path: Path | None, as_json: bool) 
         err.print("stopping the broker")
     finally:
         # Keep a temporary log when something failed: the error message points at it.
-        if log_path is None and sys.exc_info()[0] is None:
+        failed_with_log = sys.exc_info()[0] is not None and emb.log_path.exists()
+        if log_path is None and not failed_with_log:
             emb.cleanup()
         else:
             emb.stop()

@@ -28,6 +28,8 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -206,6 +208,9 @@ class Pipeline:
         self._loc_busy = 0
         self._draining: asyncio.Future[None] | None = None
         self._local_tasks: set[asyncio.Task[None]] = set()
+        # Faust creates "<id>-data" in the working directory unless told otherwise; the
+        # tables live in memory, so a private temporary directory, removed on close, will do.
+        self._datadir = tempfile.mkdtemp(prefix=f"pulse-{settings.worker_id}-")
         self.app = self._build()
 
     def _build(self) -> Any:
@@ -215,7 +220,8 @@ class Pipeline:
         s = self.settings
         t = self.topics
         app = faust.App(
-            s.worker_id, broker=f"kafka://{self.bootstrap}", store="memory://", autodiscover=False,
+            s.worker_id, broker=f"kafka://{self.bootstrap}", store="memory://", datadir=self._datadir,
+            autodiscover=False,
             web_enabled=False, processing_guarantee="at_least_once", topic_partitions=s.partitions,
             topic_replication_factor=1, topic_allow_declare=False, topic_disable_leader=True,
             consumer_auto_offset_reset="earliest", producer_compression_type="zstd", producer_linger_ms=1,
@@ -435,6 +441,7 @@ class Pipeline:
             self.localize_state.close()
         self._seg_pool.shutdown(wait=False)
         self._loc_pool.shutdown(wait=False)
+        shutil.rmtree(self._datadir, ignore_errors=True)
 
     def pipeline_record(self, app: Any = None) -> dict[str, Any]:
         seg = self.segment_state.stats

@@ -219,6 +219,9 @@ dist.broadcast(t, src=0)
 dist.all_gather_into_tensor(torch.zeros(4), t)
 dist.barrier()
 print("ok", hasattr(dist.all_reduce, "__pulse_wrapped__"), t.tolist())
+# torch aborts about 1 exit in 20 ("terminate called without an active exception")
+# when a Gloo group outlives the interpreter, hook or no hook.
+dist.destroy_process_group()
 """
 
 

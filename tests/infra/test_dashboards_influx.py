@@ -63,6 +63,7 @@ def written(influxdb1: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
                                     now_ns=now - (PIPELINE_POINTS - i) * interval)])
         await sink.flush()
         await sink.close()
+        pipe.close()
         assert sink.dropped == 0 and sink.failed_batches == 0
         return {"fields": fields, "written": sink.written}
 

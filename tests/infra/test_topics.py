@@ -30,10 +30,13 @@ def faust_topics(settings: Settings) -> dict[str, int]:
 
     pipe = Pipeline(settings, bootstrap="127.0.0.1:1")  # builds the app; connects nowhere
     out: dict[str, int] = {}
-    for channel in [a.channel for a in pipe.agents] + list(pipe.topic_objects.values()):
-        for name in channel.topics:
-            assert out.get(name, channel.partitions) == channel.partitions, name
-            out[name] = channel.partitions
+    try:
+        for channel in [a.channel for a in pipe.agents] + list(pipe.topic_objects.values()):
+            for name in channel.topics:
+                assert out.get(name, channel.partitions) == channel.partitions, name
+                out[name] = channel.partitions
+    finally:
+        pipe.close()
     return out
 
 
