@@ -503,7 +503,8 @@ class Localizer:
 
     def _late_explained(self, comm: str, seq: int, f: Finding, ordered: list[OpMetrics]) -> bool:
         """A late issue that follows a normal compute gap after a previous operator that
-        ended late: the rank waited for the network, not for its own compute."""
+        ended late (its own sends, or the ring predecessor's it received last): the rank
+        waited for the network, not for its own compute."""
         if self.p.late_gap_frac <= 0:
             return False
         gaps: dict[int, float] = {}
@@ -511,7 +512,15 @@ class Localizer:
             prev = self._prev_end.get((comm, r.rank))
             if prev is None or prev[0] != seq - 1 or r.t_host_ns is None:
                 return False  # no previous operator to measure the gap from: keep the finding
-            gaps[r.rank] = float(r.t_host_ns - prev[1])
+            done = prev[1]
+            # A rank whose own sends ended early still waits for the last chunk from its ring
+            # predecessor (the lab's CPU-starved rank keeps its successor waiting while its
+            # own predecessor's sends stall on a full receive window).
+            for p in self.topo.ring_predecessors(comm, r.rank):
+                pe = self._prev_end.get((comm, p))
+                if pe is not None and pe[0] == seq - 1:
+                    done = max(done, pe[1])
+            gaps[r.rank] = float(r.t_host_ns - done)
         if f.rank not in gaps or len(gaps) < 2:
             return False
         others = median([g for rk, g in gaps.items() if rk != f.rank])

@@ -143,7 +143,9 @@ class LocalizeParams:
     late_overrides_act: bool = True
     """In an operator where some rank arrived late by ``late_override_ns``, ACT outliers of
     its peers are waiting, not network (found in the lab: a CPU-starved receiver, ~300 ms
-    late, stalls its TCP sender, whose ACT then grows by x1.3-1.4)."""
+    late, stalls its TCP sender, whose ACT then grows by x1.3-1.4); and a peer's stall that
+    began before that rank issued the (collective) operator is waiting, not network-stop
+    (the same receiver 1.9 s late stalls its sender for longer than ``stall_ns``)."""
     late_override_ns: int = 50_000_000
     """...late by at least this (and ``late_min_ns``). A node whose own downlink is
     congested also arrives late (its pipeline receives are slow), by a few ms at the

@@ -151,7 +151,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
             exp = view.col("expected_bytes")
             frac = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
             for i in np.flatnonzero(~complete):
-                if view.stalled[int(i)]:
+                if view.stalled[int(i)] and not _stalled_on_late_peer(view, int(i), p):
                     out.findings.append(_finding(view, int(i), STALL, "sent_fraction", frac[i],
                                                  median(np.delete(frac, i)) if n > 1 else 1.0))
         return out
@@ -180,6 +180,21 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
         if not slow:
             out.findings += late.findings
     return out
+
+
+def _stalled_on_late_peer(view: OpView, i: int, p: LocalizeParams) -> bool:
+    """The stall began before some peer had even issued the operator, and that peer came
+    ``late_override_ns`` after this rank: a collective cannot move past its first chunks
+    without every rank, so this rank waited for a straggler (lab: a receiver at a 5 % CPU
+    quota, 1.9 s late, leaves its ring predecessor's sends stuck), not for its network."""
+    r = view.recs[i]
+    if not p.late_overrides_act or r.t_host_ns is None or view.kind in P2P:
+        return False
+    issued = [o.t_host_ns for j, o in enumerate(view.recs) if j != i and o.t_host_ns is not None]
+    if not issued:
+        return False
+    last = max(issued)
+    return last >= r.end_ns and last - r.t_host_ns >= max(p.late_override_ns, p.late_min_ns)
 
 
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:

@@ -66,6 +66,15 @@ class Topology:
                 out.add(ring[(ring.index(rank) + 1) % len(ring)])
         return out
 
+    def ring_predecessors(self, comm_id: str, rank: int) -> set[int]:
+        """The ranks whose ring sends reach this rank (one per ring it is in): the last data
+        a ring collective waits for comes from them."""
+        out: set[int] = set()
+        for ring in self.rings.get(comm_id, []):
+            if rank in ring and len(ring) > 1:
+                out.add(ring[ring.index(rank) - 1])
+        return out
+
     def proc(self, comm_id: str, rank: int) -> tuple[str, str]:
         """The GPU process behind a rank, to order one process's operators across its
         communicators: (node, pid) when known, else (node, its rail NIC)."""

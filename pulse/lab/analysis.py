@@ -242,7 +242,8 @@ def summarize_verdicts(verdicts: list[Verdict]) -> dict[str, Any]:
         key = (str(v.kind), tuple(v.nodes))
         g = groups.setdefault(key, {"kind": v.kind, "family": kind_family(v.kind), "nodes": list(v.nodes),
                                     "level": v.level, "count": 0, "confidence": 0.0,
-                                    "first_seen_ns": v.first_seen_ns})
+                                    "first_seen_ns": v.first_seen_ns,
+                                    "decided_ns": (v.window or {}).get("decided_at_ns")})
         g["count"] += 1
         g["confidence"] = max(g["confidence"], float(v.confidence))
     anomalies = list(groups.values())
@@ -328,9 +329,12 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
     base_sum = summarize_verdicts(res.baseline or [])
     for part in (pulse_sum, base_sum):
         for a in part["anomalies"]:
-            # first_seen is trace time (node clock = wall clock here), onset the harness's
-            a["after_onset_ms"] = (None if run.onset_wall_ns is None
-                                   else round((a["first_seen_ns"] - run.onset_wall_ns) / 1e6, 1))
+            # first_seen and decided are trace time (node clock = wall clock here), onset the
+            # harness's: the first operator showing it, and the data the first verdict came on
+            on = run.onset_wall_ns
+            a["after_onset_ms"] = None if on is None else round((a["first_seen_ns"] - on) / 1e6, 1)
+            a["decided_after_onset_ms"] = (None if on is None or a["decided_ns"] is None
+                                           else round((a["decided_ns"] - on) / 1e6, 1))
     healthy_ms = [t for r in run.step_ms.values() for t in r[warmup_steps:_fault_step(run)]]
     faulty_ms = [t for r in run.step_ms.values() for t in r[_fault_step(run):]] if run.fault.kind != "none" else []
     return {

@@ -375,8 +375,9 @@ def test_late_rank_turns_its_peers_act_outliers_into_waiting():
     # drain into a receiver that is not there): compute, not network
     def f_(comm, seq, r, f):
         if seq >= ONSET:
-            if r == 2:
+            if r == 2:  # the operator still ends together on every rank
                 f["t_host_ns"] += 60_000_000
+                f["start_ns"] += 60_000_000
             else:
                 f["duration_ns"] += 60_000_000
             if r == 1:
@@ -391,8 +392,9 @@ def test_a_few_ms_late_does_not_explain_away_real_network_slowness():
     # a node behind a congested downlink arrives a few ms late too: its ring's ACT stays evidence
     def f_(comm, seq, r, f):
         if seq >= ONSET:
-            if r == 2:
+            if r == 2:  # the operator still ends together on every rank
                 f["t_host_ns"] += 6_000_000
+                f["start_ns"] += 6_000_000
             else:
                 f["duration_ns"] += 6_000_000
             if r in (1, 2) and comm == "dp0":
@@ -429,26 +431,31 @@ def test_evaluating_hypotheses_every_operator_or_throttled_names_the_same_culpri
         assert every and culprits(localize(m, e, LocalizeParams(hypotheses_every_ns=50_000_000))) == every
 
 
-def _ring_late(victim: bool):
-    """A 4-rank ring (node-00..03), an operator every 120 ms. On odd seqs node-02 issues
-    80 ms after its peers and the operator ends together on every rank (node-02's span is
-    80 ms shorter: "late"). ``victim``: its previous (even) operator ended 80 ms late (it sat
-    behind a slow hop) and it issued after the same compute gap as its peers; otherwise its
-    previous operator ended with the others and its own gap was 80 ms longer (a compute
-    straggler)."""
+def _ring_late(victim: bool | str):
+    """A 4-rank ring 0 -> 1 -> 2 -> 3 (node-00..03), an operator every 120 ms. On odd seqs
+    node-02 issues 80 ms after its peers and the operator ends together on every rank
+    (node-02's span is 80 ms shorter: "late"). ``victim``: its previous (even) operator
+    ended 80 ms late (it sat behind a slow hop) and it issued after the same compute gap
+    as its peers; otherwise its previous operator ended with the others and its own gap
+    was 80 ms longer (a compute straggler). ``victim="pred"``: node-02's own sends of the
+    previous operator ended on time, but those of its ring predecessor (node-01), whose
+    last chunk node-02 waited for, ended 80 ms late; node-01 then issues late too."""
     evs, ms = synth.comm_events("dp", [0, 1, 2, 3], ["mlx5_0"] * 4, 300), []
     prev_end = dict.fromkeys(range(4), 0)
+    slow_hop = 1 if victim == "pred" else 2
     for seq in range(40):
         base = seq * 120_000_000 + 10_000_000
         late = seq % 2 == 1 and seq >= 10
         issue = {rk: base for rk in range(4)}
         if late:
             # the peers' compute gap: from the operator's common end to the next issue
-            issue[2] = (prev_end[2] + base - prev_end[0]) if victim else base + 80_000_000
+            issue[2] = (prev_end[slow_hop] + base - prev_end[0]) if victim else base + 80_000_000
+            if victim == "pred":
+                issue[1] = issue[2]
         end = max(issue.values()) + 10_000_000
         ends = dict.fromkeys(range(4), end)
         if victim and seq % 2 == 0 and seq >= 9:
-            ends[2] = end + 78_000_000  # node-02 finishes its hop late
+            ends[slow_hop] = end + 78_000_000  # the hop into node-02 finishes late
         for rk in range(4):
             start = max(issue.values()) + 100_000
             e = max(ends[rk], start + 1)
@@ -469,6 +476,45 @@ def test_late_issue_after_a_late_previous_end_is_not_a_compute_straggler():
     # the veto off: the same victim is blamed (what the lab's ring showed before)
     off = LocalizeParams(late_min_ns=60_000_000, late_frac=0.5, late_gap_frac=0.0)
     assert ("compute-slow", "node", ("node-02",)) in culprits(localize(ms, evs, off))
+
+
+def test_late_issue_after_the_ring_predecessors_late_end_is_not_a_compute_straggler():
+    # the lab's CPU quota: node-02's own sends end on time, but it waits for the last chunk
+    # from node-01, whose sends end late; both then issue late after normal gaps
+    p = LocalizeParams(late_min_ns=60_000_000, late_frac=0.5)
+    evs, ms = _ring_late(victim="pred")
+    assert not any(k == "compute-slow" for k, _l, _n in culprits(localize(ms, evs, p)))
+    off = LocalizeParams(late_min_ns=60_000_000, late_frac=0.5, late_gap_frac=0.0)
+    assert ("compute-slow", "node", ("node-02",)) in culprits(localize(ms, evs, off))
+
+
+def _stall_behind_late_peer(peer_delay: int):
+    """Every rank issues operator 39 together except node-03, ``peer_delay`` later; node-02
+    (sending into node-03) stalls after a few kB, long before node-03 arrives; the rest
+    complete once node-03 is there."""
+    def f_(comm, seq, r, f):
+        if seq == 39 and comm == "dp0":
+            if r == 3:
+                f["t_host_ns"] += peer_delay
+                f["start_ns"] += peer_delay
+            elif r == 2:
+                f["complete"] = False
+                f["volume_bytes"] = 4096
+                f["duration_ns"] = 100_000
+            else:
+                f["duration_ns"] += peer_delay
+        return f
+    return f_
+
+
+def test_a_stall_that_began_before_a_peer_issued_is_waiting_not_network_stop():
+    late = _stall_behind_late_peer(1_900_000_000)
+    assert not any(v.kind == "network-stop" for v in anomalies(run(late, n=4, rails=1)))
+    off = LocalizeParams(late_overrides_act=False)
+    assert ("network-stop", "node", ("node-02",)) in culprits(run(late, n=4, rails=1, params=off))
+    # every rank there on time (within the override): the same stall is the network
+    on_time = _stall_behind_late_peer(20_000_000)
+    assert ("network-stop", "node", ("node-02",)) in culprits(run(on_time, n=4, rails=1))
 
 
 def _pairs_late():
