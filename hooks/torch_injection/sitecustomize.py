@@ -56,6 +56,7 @@ if _active():
     import socket
     import threading
     import time
+    import weakref
 
     _MAX_FAILURES = 20
     _DTYPES = {
@@ -74,7 +75,9 @@ if _active():
     _lock = threading.Lock()
     _out = {"fd": -1, "pid": -1, "failures": 0, "disabled": False}
     _fds: dict[str, int] = {}  # record stream -> fd (ops/comms: "torch", completions: "oplevel")
-    _groups: dict[int, tuple[object, dict]] = {}
+    # Weak: a group the job destroyed must not live on to the interpreter's exit, where
+    # torch's Gloo teardown sometimes aborts ("terminate called without an active exception").
+    _groups: dict[int, tuple[object, dict]] = {}  # id -> (weak reference, info)
     _node = re.sub(r"[^A-Za-z0-9_.:@+-]", "_", os.environ.get("PULSE_NODE") or socket.gethostname())[:128] or "unknown"
     _job = re.sub(r"[^A-Za-z0-9_.:@+-]", "_", os.environ.get("PULSE_JOB", ""))[:128]
 
@@ -146,7 +149,7 @@ if _active():
         if g is None:
             return None
         hit = _groups.get(id(g))
-        if hit is not None and hit[0] is g:
+        if hit is not None and hit[0]() is g:
             return hit[1]
         rank = dist.get_rank(g)
         if rank < 0:  # not a member: torch returns without communicating
@@ -159,7 +162,14 @@ if _active():
             name = str(getattr(g, "group_name", ""))
         digest = hashlib.sha1(f"{name}|{','.join(map(str, ranks))}".encode()).hexdigest()[:16]
         info = {"comm_id": f"torch:{digest}", "rank": int(rank), "nranks": len(ranks), "ranks": ranks, "seq": 0}
-        _groups[id(g)] = (g, info)
+        try:
+            ref = weakref.ref(g)
+        except TypeError:  # not weak-referenceable in some torch build: hold it
+            ref = functools.partial(lambda obj: obj, g)
+        if len(_groups) > 256:
+            for k in [k for k, (r, _i) in _groups.items() if r() is None]:
+                del _groups[k]
+        _groups[id(g)] = (ref, info)
         _write({"type": "comm", "v": 1, "job": _job, "node": _node, "comm_id": info["comm_id"], "rank": info["rank"],
                 "nranks": info["nranks"], "pid": os.getpid(), "t_host_ns": time.time_ns(), "source": "torch"})
         return info

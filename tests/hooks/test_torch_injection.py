@@ -231,3 +231,28 @@ def test_unwritable_hook_dir_never_breaks_the_job() -> None:
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "ok True [1.0, 1.0, 1.0, 1.0]"  # wrapped, recording failed, job unaffected
+
+
+RELEASE = r"""
+import gc, weakref, torch, torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+dist.all_reduce(torch.ones(2))
+sub = dist.new_group([0])
+dist.all_reduce(torch.ones(2), group=sub)
+refs = [weakref.ref(dist.group.WORLD), weakref.ref(sub)]
+del sub
+dist.destroy_process_group()
+gc.collect()
+print("alive", sum(r() is not None for r in refs), hasattr(dist.all_reduce, "__pulse_wrapped__"))
+"""
+
+
+def test_destroyed_groups_are_not_kept_alive(tmp_path: Path) -> None:
+    # A group the injection held on to outlived destroy_process_group to the interpreter's
+    # exit, where torch's Gloo teardown sometimes aborts the process (SIGABRT in CI).
+    res = subprocess.run([sys.executable, "-c", RELEASE],
+                         env=clean_env(PYTHONPATH=str(torch_injection_dir()), PULSE_HOOK_DIR=str(tmp_path)),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "alive 0 True"
+    assert any(tmp_path.glob("torch-*.jsonl"))  # it did record the two groups' operators
