@@ -98,6 +98,8 @@ class Localizer:
         self._last_recv: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._p2p_done: dict[str, int] = {}
         self._p2p_seen: dict[str, int] = {}
+        self._p2p_issued: dict[tuple[str, str], int] = {}
+        """(comm, node) -> the last point-to-point seq that node's rank issued there."""
         self._stalls: list[Finding] = []
         self._absent: list[Finding] = []
         self._missing: Counter[str] = Counter()
@@ -135,6 +137,9 @@ class Localizer:
             if self.job is None:
                 self.job = e.job
             if isinstance(e, OpEvent):
+                if e.kind in P2P:
+                    key = (e.comm_id, e.node)
+                    self._p2p_issued[key] = max(self._p2p_issued.get(key, -1), e.seq)
                 if e.kind == "Recv" and e.t_host_ns is not None:
                     # the receiver's side of a point-to-point operator has no record of
                     # its own (it sends no data): remember who waits for what
@@ -301,6 +306,25 @@ class Localizer:
                         absent.append(Finding(ABSENT, comm, seq, r, n, n, 0.0, 1.0, "started", t_host, t_host))
         return waiting, absent
 
+    def _unposted_receivers(self) -> list[Finding]:
+        """Findings for receivers that never issued the receive a stalled point-to-point
+        send waits for (a hung GPU posts nothing): the sender is not stuck on its network.
+        Only once the receiver's own data goes on for a stall's length past the send."""
+        out: list[Finding] = []
+        for f in self._stalls:
+            if f.comm_id not in self._p2p_seen:
+                continue
+            members = self.topo.members(f.comm_id)
+            for rank in self.topo.peers_of(f.comm_id, f.rank):
+                peer = members.get(rank)
+                last = self._p2p_issued.get((f.comm_id, peer or ""))
+                end = self._data_end.get(peer or "")
+                if (peer is not None and last is not None and last < f.seq and end is not None
+                        and end - f.start_ns >= self.p.stall_ns):
+                    out.append(Finding(ABSENT, f.comm_id, f.seq, rank, peer, peer, 0.0, 1.0, "started",
+                                       f.start_ns, f.start_ns))
+        return out
+
     def _stop_hypotheses(self) -> dict[Key, _Incident]:
         if not self._stalls and not self._absent:
             return {}
@@ -308,8 +332,16 @@ class Localizer:
         waiting, p2p_absent = self._waits_on_recv()
         # A node missing from an operator is the stopped one only if it is not itself
         # stuck in communication (an incomplete send, a receive that never arrives).
-        absent = [f for f in self._absent + p2p_absent
+        absent = [f for f in self._absent + p2p_absent + self._unposted_receivers()
                   if f.node not in stuck_nodes | waiting and f.node not in self._insufficient]
+        if absent:
+            # As with stalls, only the first absences say who stopped: the others are
+            # ranks that stopped issuing because they wait for it (a pipeline partner
+            # stuck in an AllReduce with the hung rank's node is absent from its sends).
+            t0 = min(f.start_ns for f in absent)
+            absent = [f for f in absent if f.start_ns <= t0 + self.p.stall_first_ns]
+            if self._stalls and min(f.end_ns for f in self._stalls) + self.p.stall_first_ns < t0:
+                absent = []  # the traffic stopped before anyone went missing: a stop's victims
         if absent:
             nodes = Counter(f.node for f in absent)
             node, n = nodes.most_common(1)[0]
@@ -334,11 +366,23 @@ class Localizer:
         ranked = sorted(hits.items(), key=lambda kv: (-kv[1], -sent.get(kv[0], 0), kv[0]))
         best, nb = ranked[0]
         tied = [n for n, c in ranked if c == nb]
+        extra: dict[str, Any] = {}
+        if len(tied) == 2:
+            # the two ends of the stalled link(s): an end whose NIC went on moving bytes
+            # with a third party after the traffic stopped was up (a receiver's dead NIC
+            # stalls the sender at zero bytes too, so "sent the least" cannot tell them)
+            alive = {x: self._alive_after(x, first) for x in tied}
+            up = [x for x in tied if alive[x] >= self.p.rail_alive_min]
+            if len(up) == 1 and not alive[tied[0] if up[0] == tied[1] else tied[1]]:
+                extra["alive_after_stall"] = {up[0]: alive[up[0]]}
+                tied = [x for x in tied if x != up[0]]
+                best = tied[0]
         if len(tied) > 1 and sent.get(best, 0) > max(sent.get(n, 0) for n in tied[1:]):
             tied = [best]
         if len(tied) == 1:
+            best = tied[0]
             own = [f for f in first if f.node == best] or first
-            return {("network-stop", (best,)): self._incident("network-stop", "node", (best,), own)}
+            return {("network-stop", (best,)): self._incident("network-stop", "node", (best,), own, extra=extra)}
         grp = tuple(sorted(tied))
         return {("network-stop", grp): self._incident("network-stop", "group", grp, first)}
 
@@ -558,6 +602,20 @@ class Localizer:
                     break
                 i += 1
         return hits
+
+    def _alive_after(self, node: str, first: list[Finding]) -> int:
+        """Points at which ``node``'s NICs on the stalled links moved bytes in another
+        communicator after the first stall's last progress (plus the clock-offset margin)."""
+        eps = {f.endpoint for f in first if f.node == node}
+        eps |= {e for f in first for e in f.peer_eps if _node(e) == node}
+        comms = {f.comm_id for f in first}
+        lo = min(f.end_ns for f in first) + self.p.rail_alive_margin_ns
+        n = 0
+        for ep in eps:
+            ts, cs = self._alive.get(ep, ([], []))
+            for i in range(bisect.bisect_right(ts, lo), len(ts)):
+                n += cs[i] not in comms
+        return n
 
     def _rail_hypotheses(self, explained: set[str]) -> dict[Key, _Incident]:
         while self._rail and self._rail[0][0].end_ns < self._last_end_ns - self.p.rail_keep_ns:

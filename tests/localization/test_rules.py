@@ -553,3 +553,76 @@ def test_new_parameters_reject_bad_values():
                 {"late_min_ranks": 0}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             LocalizeParams(**bad)
+
+
+# -- stops at a pipeline partner: a hung GPU vs a dead NIC ------------------------------------
+
+STOP_SEQ = 30
+
+
+def _pipeline_stop(*, recv_posted: bool, third_party_after: bool, cascade_absence: bool = False):
+    """node-02 sends to node-03 over a point-to-point communicator ``pp0`` (mlx5_0), next
+    to the 4-node ring ``dp0``; operator STOP_SEQ of ``pp0`` stalls at zero bytes and the
+    job stops. ``recv_posted``: node-03 issued the matching receive (its NIC died) or not
+    (its GPU hung and it issues nothing more). ``third_party_after``: node-02's mlx5_0 goes
+    on moving bytes with node-01 (``pb0``) after the stall. ``cascade_absence``: 5 ms after
+    the stall node-00 misses a ring operator (it waits behind the stop)."""
+    from pulse.events import OpEvent
+    period = synth.PERIOD
+    t_stop = STOP_SEQ * period + 1_000_000
+
+    def ring(comm, seq, r, f):
+        if seq < STOP_SEQ:
+            return f
+        if cascade_absence and seq == STOP_SEQ:
+            if r == 0:
+                return None
+            f["start_ns"] = t_stop + 5_000_000
+            sent = 0 if r == 3 else synth.BYTES // 4  # node-03's NIC is dead
+            f["complete"], f["volume_bytes"], f["duration_ns"] = False, sent, 100_000
+            return f
+        return None
+
+    ms = synth.metrics(4, 1, ops=STOP_SEQ + 1, tweak=ring)
+    evs = synth.events(4, 1) + synth.comm_events("pp0", [2, 3], ["mlx5_0"] * 2, 500)
+    evs += synth.comm_events("pb0", [2, 1], ["mlx5_0"] * 2, 600)
+    for seq in range(STOP_SEQ + 1):
+        t = seq * period + 1_000_000
+        evs.append(OpEvent(job="job", node="node-02", comm_id="pp0", rank=0, seq=seq, kind="Send", count=1 << 20,
+                           dtype="float32", bytes=4 << 20, peer=1, t_host_ns=t))
+        if seq < STOP_SEQ or recv_posted:
+            evs.append(OpEvent(job="job", node="node-03", comm_id="pp0", rank=1, seq=seq, kind="Recv",
+                               count=1 << 20, dtype="float32", bytes=4 << 20, peer=0, t_host_ns=t))
+        rec = synth.record("pp0", seq, 0, 2, kind="Send", nranks=2, start=t + 50_000, end=t + 450_000, t_host=t,
+                           nic="mlx5_0", nbytes=4 << 20)
+        if seq == STOP_SEQ:
+            rec = rec.__class__.from_dict({**rec.to_dict(), "complete": False, "volume_bytes": 0,
+                                           "end_ns": t + 50_000, "duration_ns": 0})
+        ms.append(rec)
+    for seq in range(STOP_SEQ + (4 if third_party_after else 0)):
+        t = seq * period + 3_000_000  # 2 ms after the stall: before the cascade
+        ms.append(synth.record("pb0", seq, 0, 2, kind="Send", nranks=2, start=t, end=t + 400_000, t_host=t - 50_000,
+                               nic="mlx5_0", nbytes=4 << 20))
+    data_end = {synth.node(i): t_stop + 3_000_000_000 for i in range(4)}
+    return localize(ms, evs, LocalizeParams(), data_end=data_end)
+
+
+def test_a_send_stalled_on_a_receiver_that_never_posted_is_its_compute_stop():
+    assert culprits(_pipeline_stop(recv_posted=False, third_party_after=False)) == {
+        ("compute-stop", "node", ("node-03",))}
+
+
+def test_a_send_stalled_on_a_posted_receive_with_the_sender_alive_is_the_receivers_nic():
+    vs = _pipeline_stop(recv_posted=True, third_party_after=True)
+    assert culprits(vs) == {("network-stop", "node", ("node-03",))}
+    assert anomalies(vs)[0].evidence.get("alive_after_stall")
+    # without the third-party traffic the two ends look alike; the sender's empty send
+    # decides, as before
+    assert culprits(_pipeline_stop(recv_posted=True, third_party_after=False)) == {
+        ("network-stop", "node", ("node-02",))}
+
+
+def test_a_rank_missing_after_the_traffic_stopped_is_a_victim_not_a_compute_stop():
+    vs = _pipeline_stop(recv_posted=True, third_party_after=True, cascade_absence=True)
+    assert not any(v.kind == "compute-stop" for v in anomalies(vs))
+    assert ("network-stop", "node", ("node-03",)) in culprits(vs)
