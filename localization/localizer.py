@@ -99,7 +99,7 @@ class Localizer:
         self._p2p_done: dict[str, int] = {}
         self._p2p_seen: dict[str, int] = {}
         self._p2p_issued: dict[tuple[str, str], int] = {}
-        """(comm, node) -> the last point-to-point seq that node's rank issued there."""
+        """(comm, node) -> the last receive that node's rank posted there (its seq)."""
         self._stalls: list[Finding] = []
         self._absent: list[Finding] = []
         self._missing: Counter[str] = Counter()
@@ -137,7 +137,7 @@ class Localizer:
             if self.job is None:
                 self.job = e.job
             if isinstance(e, OpEvent):
-                if e.kind in P2P:
+                if e.kind == "Recv":
                     key = (e.comm_id, e.node)
                     self._p2p_issued[key] = max(self._p2p_issued.get(key, -1), e.seq)
                 if e.kind == "Recv" and e.t_host_ns is not None:
@@ -309,7 +309,8 @@ class Localizer:
     def _unposted_receivers(self) -> list[Finding]:
         """Findings for receivers that never issued the receive a stalled point-to-point
         send waits for (a hung GPU posts nothing): the sender is not stuck on its network.
-        Only once the receiver's own data goes on for a stall's length past the send."""
+        Only once the receiver's own data (when known) goes on for a stall's length past
+        the send."""
         out: list[Finding] = []
         for f in self._stalls:
             if f.comm_id not in self._p2p_seen:
@@ -319,8 +320,10 @@ class Localizer:
                 peer = members.get(rank)
                 last = self._p2p_issued.get((f.comm_id, peer or ""))
                 end = self._data_end.get(peer or "")
-                if (peer is not None and last is not None and last < f.seq and end is not None
-                        and end - f.start_ns >= self.p.stall_ns):
+                # as in _stalled: without a known data end (streaming), the stall itself
+                # was only reported after stall_ns of the sender's data
+                if (peer is not None and last is not None and last < f.seq
+                        and (end is None or end - f.start_ns >= self.p.stall_ns)):
                     out.append(Finding(ABSENT, f.comm_id, f.seq, rank, peer, peer, 0.0, 1.0, "started",
                                        f.start_ns, f.start_ns))
         return out

@@ -5,8 +5,9 @@ partitions this worker owns. Messages of ``samples`` and ``hook-events`` arrive 
 one agent (Faust has no stream-stream join): batches go to ``update``, hook events to
 ``add_events``. Comm events reach every node's segmenter (ring orders are per
 communicator, not per node). What a segmenter emits becomes ``op-metrics`` records keyed
-by job; comm and flow events are forwarded on the same topic so the localizer of the job
-(possibly on another worker) learns membership and NICs. Both directions use the packed
+by job; comm and flow events (and each rank's latest posted receive) are forwarded on the
+same topic so the localizer of the job (possibly on another worker) learns membership, NICs
+and who waits for whom. Both directions use the packed
 forms (``pulse.events`` / ``pulse.records``): a hook-events message may hold a node's events,
 and what one chunk emits for a job goes out as one op-metrics message.
 
@@ -184,10 +185,20 @@ class SegmentState:
         for node, evs in hooks.items():
             self.events += len(evs)
             rest = [e for e in evs if not isinstance(e, _events.CommEvent)]
+            # The localizer also needs each rank's latest posted receive (who waits for a
+            # send, and which receives a hung rank never posted); it keeps only the latest
+            # per communicator, so only that one is forwarded, not every Send/Recv.
+            recvs: dict[str, _events.OpEvent] = {}
             for e in rest:
                 self._job_of(e.node, e.job)
                 if isinstance(e, _events.FlowEvent):
                     fwd.setdefault((e.job, e.node), []).append(e)
+                elif isinstance(e, _events.OpEvent) and e.kind == "Recv":
+                    cur = recvs.get(e.comm_id)
+                    if cur is None or e.seq >= cur.seq:
+                        recvs[e.comm_id] = e
+            for e in recvs.values():
+                fwd.setdefault((e.job, e.node), []).append(e)
             if rest:
                 self._emit(self.segmenter(node).add_events(rest), out)
         # Every batch of the chunk is taken in first, then each node's segmenter runs once:

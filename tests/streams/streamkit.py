@@ -17,7 +17,7 @@ import pytest
 from pulse.settings import Settings
 
 SIM_SIZE = {"nodes": 4, "gpus_per_node": 2, "nics_per_node": 2, "steps": 8}
-SEEDS = {"nic-slow": 2, "gpu-slow": 2, "healthy": 2}
+SEEDS = {"nic-slow": 2, "gpu-slow": 2, "healthy": 2, "gpu-hang": 3}
 
 
 @pytest.fixture(scope="session")
