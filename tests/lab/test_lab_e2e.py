@@ -81,14 +81,15 @@ def test_pulse_names_the_node_and_the_kind_family(results: dict[str, dict], name
 
 def test_the_alarm_comes_after_the_fault(results: dict[str, dict]) -> None:
     # An alarm decided on data from before the injection would be healthy noise that
-    # happened to name the culprit. Its first operator may start before the injection (one
-    # in flight is slowed too), but not more than a step earlier: a step's operators are
-    # all done before the next step's start.
+    # happened to name the culprit. Its first operator may start before the injection: one
+    # in flight is slowed too (up to a step earlier), and the persistence window that made
+    # the alarm may also hold one noise outlier of the step before (measured: -240 ms at
+    # 2 % loss with 167 ms steps, decided 340 ms after the injection) - not more.
     for name in ("rate-200mbit", "rate-2gbit", "loss", "cpu"):
         step_ms = results[name]["step_ms"]["healthy_median"]
         for a in results[name]["pulse"]["anomalies"]:
             assert a["decided_after_onset_ms"] is not None and a["decided_after_onset_ms"] > 0, (name, a)
-            assert a["after_onset_ms"] > -(step_ms + 150), (name, step_ms, a)
+            assert a["after_onset_ms"] > -(2 * step_ms + 150), (name, step_ms, a)
 
 
 def test_capture_is_complete_and_the_ring_is_gloos(results: dict[str, dict]) -> None:
