@@ -138,12 +138,12 @@ class Localizer:
                 self.job = e.job
             if isinstance(e, OpEvent):
                 if e.kind == "Recv":
-                    key = (e.comm_id, e.node)
-                    self._p2p_issued[key] = max(self._p2p_issued.get(key, -1), e.seq)
-                if e.kind == "Recv" and e.t_host_ns is not None:
                     # the receiver's side of a point-to-point operator has no record of
                     # its own (it sends no data): remember who waits for what
-                    self._last_recv[(e.comm_id, e.node)] = (e.seq, e.rank, e.t_host_ns)
+                    key = (e.comm_id, e.node)
+                    self._p2p_issued[key] = max(self._p2p_issued.get(key, -1), e.seq)
+                    if e.t_host_ns is not None:
+                        self._last_recv[key] = (e.seq, e.rank, e.t_host_ns)
                 continue
             self.topo.add([e])
 
