@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 from collections import deque
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -11,7 +12,7 @@ MAD_TO_SIGMA = 1.4826
 """MAD x 1.4826 estimates the standard deviation of a normal sample."""
 
 
-def median(x: np.ndarray | list[float]) -> float:
+def median(x: np.ndarray | Sequence[float]) -> float:
     """np.median's value; small samples (peers of one operator) sorted in Python, where
     np.median's call overhead is 20x the work."""
     n = len(x)

@@ -22,6 +22,7 @@ import functools
 import ipaddress
 import re
 from collections.abc import Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -278,14 +279,15 @@ class CaptureBinner:
         self.sf_side.append(side)
         node, nic = self._stream_names(stream)
         aux, fam = int(key[1]), int(key[2])
-        common = dict(job=self.job, node=node, nic=nic, flow=local,
+        common: dict[str, Any] = dict(job=self.job, node=node, nic=nic, flow=local,
                       src=format_address(fam, int(key[3]), int(key[4])),
                       dst=format_address(fam, int(key[5]), int(key[6])),
                       source="capture", t_host_ns=first_ts)
         if aux & _T_ROCE:
             qpn = aux & 0xFFFFFF
             # the destination QPN is local to the receiving side, remote to the sender
-            ev = FlowEvent(**common, transport="roce", **({"remote_qpn": qpn} if side == 0 else {"qpn": qpn}))
+            qp: dict[str, Any] = {"remote_qpn": qpn} if side == 0 else {"qpn": qpn}
+            ev = FlowEvent(**common, transport="roce", **qp)
         else:
             ev = FlowEvent(**common, transport="tcp", sport=(aux >> 16) & 0xFFFF, dport=aux & 0xFFFF)
         self._new_events.append(ev)

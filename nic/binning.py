@@ -206,7 +206,7 @@ def bin_entries(pf: np.ndarray, ts_ns: np.ndarray, nbytes: np.ndarray, pf_txsf: 
             m, sat = _expand_sorted_kernel(r[0][:k], r[1][:k], r[2][:k], np.ascontiguousarray(pf_txsf, np.int64),
                                            np.ascontiguousarray(pf_rxsf, np.int64), sf_stream,
                                            np.int64(window_epochs), np.int64(e0), np.int64(nw), *out)
-            return Rows(*(a[:m] for a in out), int(sat))
+            return Rows(*(a[:m] for a in out), int(sat))  # type: ignore[call-arg, arg-type]
     out = [np.empty(2 * k, np.int64) for _ in range(5)]
     m, sat = _expand_kernel(r[0][:k], r[1][:k], r[2][:k], np.ascontiguousarray(pf_txsf, np.int64),
                             np.ascontiguousarray(pf_rxsf, np.int64), np.ascontiguousarray(sf_stream, np.int64), *out)

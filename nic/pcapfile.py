@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import mmap
 from pathlib import Path
+from typing import Literal
 
 import numba
 import numpy as np
@@ -296,7 +297,7 @@ def read_buffer(buf: np.ndarray, where: str = "capture") -> PacketIndex:
     """Index the packets of a capture held in ``buf`` (uint8). Raises DecodeError when the
     bytes are not a pcap/pcapng file at all."""
     if buf.dtype != np.uint8 or buf.ndim != 1:
-        buf = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)
+        buf = np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
     if buf.shape[0] < 4:
         raise DecodeError(f"{where}: {buf.shape[0]} bytes, too short for a capture file")
     skipped = np.zeros(N_READ_REASONS, dtype=np.int64)
@@ -307,7 +308,7 @@ def read_buffer(buf: np.ndarray, where: str = "capture") -> PacketIndex:
         nano = (magic_be if swap else magic_le) == PCAP_NS
         if buf.shape[0] < 24:
             raise DecodeError(f"{where}: truncated pcap file header ({buf.shape[0]} of 24 bytes)")
-        order = "big" if swap else "little"
+        order: Literal["big", "little"] = "big" if swap else "little"
         linktype = int.from_bytes(bytes(buf[20:24]), order) & 0x0FFFFFFF  # upper bits: FCS info
         e64 = np.empty(0, np.int64)
         e32 = np.empty(0, np.uint32)

@@ -149,7 +149,7 @@ class Record:
         decoded from outside: that goes through ``from_dict``/the decoders, which validate."""
         obj = object.__new__(cls)
         d = obj.__dict__
-        for name, default, factory in _defaults(cls):
+        for name, default, factory in _defaults(cls):  # type: ignore[arg-type]  # classes hash by identity
             if name in values:
                 d[name] = values[name]
             elif default is not _REQUIRED:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Iterable
+from typing import Any
 
 import numpy as np
 
@@ -63,12 +64,12 @@ class Association:
     ambiguous_algo: int = 0
     """Operators with algo unknown where both ring and tree patterns were possible."""
 
-    _ctx: object = dataclasses.field(default=None, repr=False, compare=False)
+    _ctx: Any = dataclasses.field(default=None, repr=False, compare=False)
 
     def add_ops(self, ops: Iterable[OpEvent]) -> list[OpKey]:
         """Add op descriptors to an existing association (same bindings and comms);
         returns the keys of those that have no visible send flow."""
-        ranks, comms = self._ctx  # type: ignore[misc]
+        ranks, comms = self._ctx
         without = []
         for op in sorted(ops, key=lambda o: (o.comm_id, o.rank, o.seq)):
             key = (op.comm_id, op.rank, op.seq)
@@ -163,7 +164,7 @@ class _Rank:
         return out
 
     def tree_conns(self, nch: int | None) -> list[_Conn]:
-        out = []
+        out: list[_Conn] = []
         trees = self.comm.trees if self.comm is not None else None
         for ch in self._channels(nch):
             if trees:
@@ -298,10 +299,10 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
             elif key not in bindings:
                 unbound[key] = None
         elif isinstance(ev, OpEvent):
-            key = (ev.comm_id, ev.rank, ev.seq)
-            prev_op = ops.get(key)
+            okey = (ev.comm_id, ev.rank, ev.seq)
+            prev_op = ops.get(okey)
             if prev_op is None:
-                ops[key] = ev
+                ops[okey] = ev
             elif prev_op != ev:
                 duplicates += 1
     # Send connections per (comm, rank): data volume is measured on send flows only.
@@ -319,14 +320,14 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
     without: list[OpKey] = []
     per_flow: dict[FlowKey, list[tuple[int, int, int]]] = defaultdict(list)
     ambiguous_total = 0
-    for key in sorted(ops):
-        op = ops[key]
+    for okey in sorted(ops):
+        op = ops[okey]
         info = _op_info(op, ranks, comms)
         if info is None:
-            without.append(key)
+            without.append(okey)
             continue
         ambiguous_total += info.ambiguous
-        infos[key] = info
+        infos[okey] = info
         issued = NO_TIME if op.t_host_ns is None else op.t_host_ns
         for f, e in zip(info.flows, info.expected, strict=True):
             per_flow[f].append((op.seq, e, issued))

@@ -205,9 +205,9 @@ def metrics_from_run(run: _Run, assoc: Association) -> list[OpMetrics]:
     out = []
     for i, k in enumerate(keys):
         info = assoc.ops[k]
-        sl = np.array(slots_per_op[i], np.int64)
-        out.append(_metrics.build(info, run.clocks[info.flows[0][0]], run.start[sl], run.end[sl],
-                                  run.vol[sl], run.status[sl], int(act[i]), run.grant[sl]))
+        sa = np.array(slots_per_op[i], np.int64)
+        out.append(_metrics.build(info, run.clocks[info.flows[0][0]], run.start[sa], run.end[sa],
+                                  run.vol[sa], run.status[sa], int(act[i]), run.grant[sa]))
     out.sort(key=_metrics.sort_key)
     return out
 

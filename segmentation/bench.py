@@ -4,6 +4,7 @@ bare numpy pass (``np.sum`` of the same columns) measured in the same run."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 import numpy as np
@@ -63,7 +64,7 @@ def _best(fn, repeats: int) -> float:
     return best
 
 
-def measure(rows: int, flows: int, repeats: int, seed: int = 0) -> dict[str, object]:
+def measure(rows: int, flows: int, repeats: int, seed: int = 0) -> dict[str, Any]:
     load = synthetic_load(rows, flows, seed)
     p = SegmentParams()
     thr, slack = volume_bounds(load["need"], p.rel_tolerance, p.abs_tolerance)

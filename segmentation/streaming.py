@@ -100,7 +100,7 @@ class _Columns:
             cap = max(64, need, 2 * self._cap)
             for name, (dt, fill) in self._spec.items():
                 old = getattr(self, name)
-                new = np.full(cap, fill, dt)
+                new: np.ndarray = np.full(cap, fill, dt)
                 new[: self.n] = old[: self.n]
                 setattr(self, name, new)
             self._cap = cap
@@ -119,6 +119,11 @@ class _Columns:
 
     def col(self, name: str) -> np.ndarray:
         return getattr(self, name)[: self.n]
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        # only reached for a name that is not a column: tells type checkers the columns
+        # set in __init__/grow are arrays
+        raise AttributeError(name)
 
 
 def _gather(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:

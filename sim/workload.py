@@ -397,11 +397,11 @@ def build_job(rc: ResolvedConfig, rng: np.random.Generator) -> Job:
                   for m in range(M)] for d in range(dp)] for s in range(pp - 1)]
         buckets = [[[b.allreduce(dp_comm[s][g], params.bucket_bytes, dp_algo) for g in range(gpus)]
                     for _ in range(params.buckets)] for s in range(pp)]
-        a2a: list[list[list[list[Op]]]] = []
+        a2a: list[list[list[Op]]] = []
         if ep_comm is not None:
             # [stage][k] -> per gpu ops, k over (micro-batch, layer, phase) in program order
             for s in range(pp):
-                seq_ops = []
+                seq_ops: list[list[Op]] = []
                 for _phase in range(2):  # forward, backward
                     for _m in range(M):
                         for _l in range(params.moe_layers):

@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 
+from pulse.errors import ConfigError
 from pulse.records import Verdict
 from pulse.settings import Settings
 
@@ -76,7 +77,7 @@ def _short_fetch_wait(ms: int = FETCH_MAX_WAIT_MS) -> None:
 
     create_worker_consumer.__wrapped__ = create  # type: ignore[attr-defined]
     create_worker_consumer.pulse_fetch_wait = ms  # type: ignore[attr-defined]
-    thread._create_worker_consumer = create_worker_consumer
+    thread._create_worker_consumer = create_worker_consumer  # type: ignore[method-assign]
 
 
 async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None = None,
@@ -175,6 +176,13 @@ def _warm_up() -> None:
         import pulse.localization  # noqa: F401
 
 
+def _bootstrap(bootstrap: str | None, settings: Settings) -> str:
+    bs = bootstrap or settings.broker
+    if not bs:
+        raise ConfigError("no Kafka broker: set PULSE_BROKER (host:port) or pass one")
+    return bs
+
+
 class Pipeline:
     """Builds the Faust app for a :class:`~pulse.settings.Settings`; holds the agents' state."""
 
@@ -183,7 +191,7 @@ class Pipeline:
                  within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
                  session_timeout_s: float = 10.0, localize_process: bool = True) -> None:
         self.settings = settings
-        self.bootstrap = bootstrap or settings.broker
+        self.bootstrap = _bootstrap(bootstrap, settings)
         self.topics = settings.topics
         self.segment_state = SegmentState(self.topics, segment_params)
         # Localization in a child process by default: a core of its own rather than a share
@@ -229,7 +237,8 @@ class Pipeline:
             broker_rebalance_timeout=self.session_timeout_s, broker_commit_interval=1.0,
             stream_wait_empty=False, producer_acks=-1,
         )
-        raw = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw", "value_serializer": "raw"}
+        raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
+                               "value_serializer": "raw"}
         inputs = app.topic(t.samples, t.hook_events, partitions=s.partitions, **raw)
         op_metrics = app.topic(t.op_metrics, partitions=s.partitions, **raw)
         verdicts = app.topic(t.verdicts, partitions=s.partitions, **raw)
@@ -473,7 +482,7 @@ def run_worker(settings: Settings, *, bootstrap: str | None = None, loglevel: st
     import faust
     from pulse.producers.publisher import ensure_topics
 
-    bs = bootstrap or settings.broker
+    bs = _bootstrap(bootstrap, settings)
     asyncio.run(ensure_topics(bs, settings, timeout_s=30.0))
     pipe = Pipeline(settings, bootstrap=bs, influx=influx, **kwargs)
     worker = faust.Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)

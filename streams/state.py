@@ -275,7 +275,7 @@ class SegmentState:
         per_node = {}
         for node, seg in self.nodes.items():
             st = getattr(seg, "stats", None)
-            per_node[node] = st.as_dict() if hasattr(st, "as_dict") else {}
+            per_node[node] = st.as_dict() if st is not None and hasattr(st, "as_dict") else {}
         lost = sum(int(s.get("lost_batches", 0) or 0) for s in per_node.values())
         late = sum(int(s.get("late_batches", 0) or 0) for s in per_node.values())
         return {"batches": self.batches, "rows": self.rows, "events": self.events, "op_metrics": self.emitted,

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 def _chain_other_sitecustomize() -> None:
@@ -77,7 +81,7 @@ if _active():
     _fds: dict[str, int] = {}  # record stream -> fd (ops/comms: "torch", completions: "oplevel")
     # Weak: a group the job destroyed must not live on to the interpreter's exit, where
     # torch's Gloo teardown sometimes aborts ("terminate called without an active exception").
-    _groups: dict[int, tuple[object, dict]] = {}  # id -> (weak reference, info)
+    _groups: dict[int, tuple[Callable[[], object], dict]] = {}  # id -> (weak reference, info)
     _node = re.sub(r"[^A-Za-z0-9_.:@+-]", "_", os.environ.get("PULSE_NODE") or socket.gethostname())[:128] or "unknown"
     _job = re.sub(r"[^A-Za-z0-9_.:@+-]", "_", os.environ.get("PULSE_JOB", ""))[:128]
 
@@ -162,6 +166,7 @@ if _active():
             name = str(getattr(g, "group_name", ""))
         digest = hashlib.sha1(f"{name}|{','.join(map(str, ranks))}".encode()).hexdigest()[:16]
         info = {"comm_id": f"torch:{digest}", "rank": int(rank), "nranks": len(ranks), "ranks": ranks, "seq": 0}
+        ref: Callable[[], object]
         try:
             ref = weakref.ref(g)
         except TypeError:  # not weak-referenceable in some torch build: hold it

@@ -178,8 +178,7 @@ def prepare_trace(inp: LabInput, out: Path, *, epoch_ns: int = DEFAULT_EPOCH_NS,
 
     bound_events: list[FlowEvent] = []
     for ev in conv.events:
-        key = (ev.src, ev.sport, ev.dst, ev.dport)
-        pair = tuples.get(key)
+        pair = tuples.get((ev.src, ev.sport, ev.dst, ev.dport))
         node = node_of_addr.get(ev.node)
         if node is None:
             continue

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from pulse.errors import ConfigError, ServiceError
@@ -102,7 +103,7 @@ class _Cgroups:
 
 
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
-            log: callable = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
+            log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
             width: int = 768, nice: int = 10) -> LabRun:
     require_root()
     workdir.mkdir(parents=True, exist_ok=True)

@@ -169,6 +169,7 @@ def test_a_hung_gpu_is_a_compute_stop_in_the_agents_as_in_diagnose(sim_trace):
     that was never posted, which only the forwarded receives tell the localizer (without
     them the agents said network-stop)."""
     from pulse.localization import diagnose
+
     from pulse.trace import read_truth
 
     trace = sim_trace("gpu-hang")
