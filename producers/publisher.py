@@ -55,10 +55,7 @@ class Publisher:
         if compression not in COMPRESSIONS:
             raise ConfigError(f"compression {compression!r}: use one of {', '.join(COMPRESSIONS)}")
         self.settings = settings
-        bs = bootstrap or settings.broker
-        if not bs:
-            raise ConfigError("no broker: set PULSE_BROKER (host:port) or pass a bootstrap address")
-        self.bootstrap: str = bs
+        self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
         self.compression = None if compression == "none" else compression
         self.linger_ms = int(linger_ms)

@@ -75,6 +75,14 @@ class Settings:
     def topics(self) -> Topics:
         return Topics.with_prefix(self.topic_prefix)
 
+    def bootstrap(self, override: str | None = None) -> str:
+        """The broker to connect to: ``override`` if given, else ``broker``; neither is a
+        :class:`ConfigError` (library callers; the CLIs start the embedded broker instead)."""
+        bs = override or self.broker
+        if not bs:
+            raise ConfigError("no broker: set PULSE_BROKER (host:port) or pass a bootstrap address")
+        return bs
+
     def __post_init__(self) -> None:
         if not MIN_EPOCH_NS <= self.epoch_ns <= MAX_EPOCH_NS:
             raise ConfigError(

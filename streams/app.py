@@ -37,7 +37,6 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 
-from pulse.errors import ConfigError
 from pulse.records import Verdict
 from pulse.settings import Settings
 
@@ -176,13 +175,6 @@ def _warm_up() -> None:
         import pulse.localization  # noqa: F401
 
 
-def _bootstrap(bootstrap: str | None, settings: Settings) -> str:
-    bs = bootstrap or settings.broker
-    if not bs:
-        raise ConfigError("no Kafka broker: set PULSE_BROKER (host:port) or pass one")
-    return bs
-
-
 class Pipeline:
     """Builds the Faust app for a :class:`~pulse.settings.Settings`; holds the agents' state."""
 
@@ -191,7 +183,7 @@ class Pipeline:
                  within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
                  session_timeout_s: float = 10.0, localize_process: bool = True) -> None:
         self.settings = settings
-        self.bootstrap = _bootstrap(bootstrap, settings)
+        self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
         self.segment_state = SegmentState(self.topics, segment_params)
         # Localization in a child process by default: a core of its own rather than a share
@@ -482,7 +474,7 @@ def run_worker(settings: Settings, *, bootstrap: str | None = None, loglevel: st
     import faust
     from pulse.producers.publisher import ensure_topics
 
-    bs = _bootstrap(bootstrap, settings)
+    bs = settings.bootstrap(bootstrap)
     asyncio.run(ensure_topics(bs, settings, timeout_s=30.0))
     pipe = Pipeline(settings, bootstrap=bs, influx=influx, **kwargs)
     worker = faust.Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)

@@ -128,3 +128,11 @@ def test_override_replaces_given_values_and_keeps_the_rest() -> None:
     assert base.override() is base
     with pytest.raises(ConfigError):
         base.override(partitions=0)
+
+
+def test_bootstrap_needs_a_broker_from_settings_or_the_caller() -> None:
+    with pytest.raises(ConfigError, match="PULSE_BROKER"):
+        Settings().bootstrap()
+    assert Settings(broker="a:1").bootstrap() == "a:1"
+    assert Settings(broker="a:1").bootstrap("b:2") == "b:2"
+    assert Settings().bootstrap("b:2") == "b:2"
