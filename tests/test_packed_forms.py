@@ -91,7 +91,8 @@ def test_one_bad_event_rejects_the_whole_pack_naming_its_index(evs, data):
     i = data.draw(st.integers(0, len(evs) - 1))
     items = [e.to_dict() for e in evs]
     items[i] = data.draw(st.one_of(st.just({"type": "batch", "v": 1, "events": [items[0]]}),  # no nesting
-                                   st.just({**items[i], "node": ""}), st.integers(), st.just({"type": "op"})))
+                                   st.just({**items[i], "node": ""}), st.integers(-(1 << 63), (1 << 64) - 1),  # what JSON carries
+                                   st.just({"type": "op"})))
     with pytest.raises(DecodeError, match=rf"events\[{i}\]"):
         events.decode_many(orjson.dumps({"type": "batch", "v": 1, "events": items}), "here")
 

@@ -1,7 +1,8 @@
 """A small DDP training job over Gloo, run as a plain script in each lab namespace.
 
 It knows nothing of Pulse (it imports only torch and the standard library); the lab reads
-its stdout for progress ("step N t_ms=...") and learns operators through the torch
+its stdout for progress ("step N t_ms=...", then "done" once its process group is
+destroyed) and learns operators through the torch
 injection on PYTHONPATH, exactly as it would on a tenant's job.
 """
 
@@ -43,6 +44,7 @@ def main() -> int:
         print(f"step {step} t_ms={dt:.1f} wall_ns={time.time_ns()}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
+    print("done", flush=True)
     return 0
 
 
