@@ -3,10 +3,9 @@ operator-level baseline, and scoring against ground truth. Pure compute (no Kafk
 Faust or InfluxDB)."""
 
 from .baseline import baseline_localize
-from .diagnose import DiagnoseResult, diagnose
 from .localizer import Localizer, localize
 from .params import LocalizeParams
 from .scoring import ScenarioScore, Summary, score, summarize
 
-__all__ = ["DiagnoseResult", "LocalizeParams", "Localizer", "ScenarioScore", "Summary", "baseline_localize",
-           "diagnose", "localize", "score", "summarize"]
+__all__ = ["LocalizeParams", "Localizer", "ScenarioScore", "Summary", "baseline_localize",
+           "localize", "score", "summarize"]

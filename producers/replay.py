@@ -11,17 +11,15 @@ trace time into the wall time it was published at.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from pulse import events as _events
 from pulse.errors import ConfigError
 from pulse.samples import EpochBatch
-from pulse.trace import TraceReader, read_batch_file
+from pulse.trace import TraceReader
 
 from .publisher import Publisher
 
@@ -43,25 +41,6 @@ class ReplayClock:
         return int(self.t0_trace_ns + (wall - self.t0_wall) * 1e9 * self.speed)
 
 
-def _timeline(reader: TraceReader) -> tuple[list[_events.HookEvent], Iterator[tuple[int, int, Any]]]:
-    """Setup events, and (time, order, item) of op events and batches merged in trace time."""
-    setup: list[_events.HookEvent] = []
-    ops: list[tuple[int, int, Any]] = []
-    for i, ev in enumerate(reader.events()):
-        if isinstance(ev, _events.OpEvent) and ev.t_host_ns is not None:
-            ops.append((ev.t_host_ns, i, ev))
-        else:
-            setup.append(ev)
-    ops.sort(key=lambda x: (x[0], x[1]))
-
-    def nic_stream(k: int, path: Path) -> Iterator[tuple[int, int, Any]]:
-        for b in read_batch_file(path):
-            yield (b.end_ns(), 1 << 40 | k, b)
-
-    streams = [nic_stream(k, p) for k, (_, _, p) in enumerate(reader.nic_files())]
-    return setup, heapq.merge(iter(ops), *streams, key=lambda x: (x[0], x[1]))
-
-
 async def replay_items(trace_dir: str | Path, *, speed: float = 0.0, clock: ReplayClock | None = None,
                        lead_ns: int = 0) -> AsyncIterator[EpochBatch | _events.HookEvent]:
     """Yield the trace's events and batches in publishing order, sleeping to pace them.
@@ -71,11 +50,11 @@ async def replay_items(trace_dir: str | Path, *, speed: float = 0.0, clock: Repl
     if speed < 0:
         raise ConfigError(f"replay speed {speed}: must be >= 0 (0 = as fast as possible)")
     reader = TraceReader(trace_dir)
-    setup, timed = _timeline(reader)
+    setup, timed = reader.timeline()
     for ev in setup:
         yield ev
     first = True
-    for t, _, item in timed:
+    for t, item in timed:
         if first:
             if clock is not None:
                 clock.t0_trace_ns = t - lead_ns

@@ -20,8 +20,8 @@ from pulse.errors import PulseError
 COMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("pulse._broker_cli:broker", "Run the embedded Kafka-compatible broker (Tansu)."),
     "sim": ("pulse.sim.cli:sim", "Simulate a training cluster with an anomaly; write a trace directory."),
-    "diagnose": ("pulse.localization.cli:diagnose", "Segment and localize a trace directory in one process."),
-    "eval": ("pulse.localization.cli:eval_command", "Score Pulse and the operator-level baseline on the scenario battery."),
+    "diagnose": ("pulse.engine.cli:diagnose", "Segment and localize a trace directory in one process."),
+    "eval": ("pulse.engine.cli:eval_command", "Score Pulse and the operator-level baseline on the scenario battery."),
     "capture": ("pulse.nic.cli:capture", "Per-flow epochs from a pcap/pcapng file or a live interface."),
     "hooks": ("pulse.hooks.cli:hooks", "Operator-descriptor sources: build the NCCL plugin, parse logs, read rdma res."),
     "produce": ("pulse.producers.cli:produce", "Publish samples and hook events to Kafka."),

@@ -129,6 +129,28 @@ class Verdict(Record):
             raise DecodeError("verdict: evidence and window must be JSON objects")
 
 
+@dataclasses.dataclass(frozen=True)
+class DataEnd(Record):
+    """How far one node's epoch data is known to reach (its node clock), forwarded by the
+    segmentation stage to the job's localizer next to the operator metrics: it tells an
+    operator that stalled (the node's data went on without it) from one cut off by the end
+    of the input, and a receive that waits for ever from one posted a moment ago."""
+
+    TYPE = "data-end"
+    FIELDS = (
+        Field("job", "str", check=_name("job", True)),
+        Field("node", "str", check=_name("node")),
+        Field("end_ns", "int", bounds=INT64),
+    )
+    job: str
+    node: str
+    end_ns: int
+
+
+def decode_data_end(raw: bytes | bytearray | memoryview | str, where: str = "data-end") -> DataEnd:
+    return DataEnd.from_dict(loads(raw, where), where)
+
+
 def decode_op_metrics(raw: bytes | bytearray | memoryview | str, where: str = "op-metrics") -> OpMetrics:
     return OpMetrics.from_dict(loads(raw, where), where)
 

@@ -140,7 +140,7 @@ class ReportData:
 
 def _diagnose(path: Path) -> tuple[list[OpMetrics], list[Verdict]]:
     """Segment and localize a trace directory with the same code ``pulse diagnose`` runs."""
-    from pulse.localization.diagnose import diagnose
+    from pulse.engine import diagnose
 
     result = diagnose(path)
     return list(result.metrics), list(result.verdicts)

@@ -16,6 +16,7 @@ unless the reader is told to ``tolerate_truncation``, in which case it is counte
 
 from __future__ import annotations
 
+import heapq
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -195,6 +196,28 @@ class TraceReader:
         """Every batch, NIC file by NIC file."""
         for _, _, p in self.nic_files():
             yield from read_batch_file(p, tolerate_truncation=tolerate_truncation, stats=stats)
+
+    def timeline(self) -> tuple[list[_events.HookEvent], Iterator[tuple[int, _events.HookEvent | _samples.EpochBatch]]]:
+        """The trace in the order a live source publishes it: the setup events (comm and
+        flow events, and op events without an issue time) first, then op events and epoch
+        batches merged in trace time: an op event at its ``t_host_ns``, a batch when its
+        last epoch ends (the earliest a live source could send it). Yields (time, item)."""
+        setup: list[_events.HookEvent] = []
+        ops: list[tuple[int, int, Any]] = []
+        for i, ev in enumerate(self.events()):
+            if isinstance(ev, _events.OpEvent) and ev.t_host_ns is not None:
+                ops.append((ev.t_host_ns, i, ev))
+            else:
+                setup.append(ev)
+        ops.sort(key=lambda x: (x[0], x[1]))
+
+        def nic_stream(k: int, path: Path) -> Iterator[tuple[int, int, Any]]:
+            for b in read_batch_file(path):
+                yield (b.end_ns(), 1 << 40 | k, b)
+
+        streams = [nic_stream(k, p) for k, (_, _, p) in enumerate(self.nic_files())]
+        merged = heapq.merge(iter(ops), *streams, key=lambda x: (x[0], x[1]))
+        return setup, ((t, item) for t, _, item in merged)
 
     def events(self) -> Iterator[_events.HookEvent]:
         return _read_jsonl(self.path / "hook-events.jsonl", _events.decode)

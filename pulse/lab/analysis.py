@@ -317,7 +317,7 @@ def lab_params() -> Any:
 def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_steps: int = 2,
                 params: Any = None) -> dict[str, Any]:
     """Trace directory + Pulse + baseline for a finished lab run -> a JSON-able result."""
-    from pulse.localization import diagnose
+    from pulse.engine import diagnose
 
     truth = truth_of(run.fault, run.ranks, run.onset_wall_ns)
     inp = LabInput(pcap=run.pcap, hook_dir=run.hook_dir, nodes=run.nodes, ranks=run.ranks,

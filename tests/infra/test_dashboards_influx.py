@@ -31,7 +31,7 @@ NOT_WRITTEN_YET = {"spool_bytes": "producers do not report their spool to Influx
 def written(influxdb1: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Simulate, segment + localize (the code `pulse diagnose` runs), then write operator
     metrics, verdicts and pipeline-health records through the streaming pipeline's sink."""
-    from pulse.localization import diagnose
+    from pulse.engine import diagnose
     from pulse.streams.app import Pipeline
     from pulse.streams.influx import InfluxSink, pipeline_line
 

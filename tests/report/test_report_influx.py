@@ -20,7 +20,7 @@ DB = "pulse-report"
 
 @pytest.fixture(scope="module")
 def written(influxdb1: str, nic_slow: Path):  # type: ignore[no-untyped-def]
-    from pulse.localization import diagnose
+    from pulse.engine import diagnose
     from pulse.streams.influx import InfluxSink
 
     result = diagnose(nic_slow)

@@ -13,7 +13,7 @@ from pulse.streams.state import LocalizeState, Message, SegmentState
 
 from pulse import events as _events
 from pulse import samples as _samples
-from pulse.records import decode_op_metrics_many
+from pulse.records import decode_data_end, decode_op_metrics_many
 from pulse.samples import EpochBatch
 from pulse.settings import Topics
 
@@ -53,7 +53,7 @@ def _messages(items, packed: bool) -> list[Message]:
 
 def _run(msgs: list[Message]):
     seg = SegmentState(T)
-    recs, forwarded, dead = [], [], []
+    recs, forwarded, dead, ends = [], [], [], []
     for i in range(0, len(msgs), 64):
         out = seg.handle(msgs[i:i + 64])
         dead += out.dead
@@ -61,8 +61,11 @@ def _run(msgs: list[Message]):
             kind = orjson.loads(value)["type"]
             if kind in ("op-metrics", "op-metrics-batch"):
                 recs += decode_op_metrics_many(value)
+            elif kind == "data-end":
+                ends.append(decode_data_end(value))
             else:
                 forwarded += _events.decode_many(value)
+    assert ends  # how far each node's data reaches goes to the localizer too
     return recs, forwarded, dead, seg
 
 
@@ -84,7 +87,7 @@ def test_packed_hook_events_segment_like_single_ones(sim_trace):
             latest[key] = max(latest.get(key, -1), e.seq)
         return sorted(repr(e) for e in fwd if not isinstance(e, _events.OpEvent)), latest
     assert split(fa) == split(fb) and split(fa)[1]
-    assert sa.events == sb.events == sum(not isinstance(i, EpochBatch) for i in items)
+    assert sa.stats["events"] == sb.stats["events"] == sum(not isinstance(i, EpochBatch) for i in items)
 
 
 def test_a_malformed_pack_is_one_dead_letter_and_the_rest_goes_on(sim_trace):
@@ -146,7 +149,7 @@ def test_a_time_budget_hands_out_the_same_verdicts_in_steps(sim_trace, monkeypat
     for i in range(0, len(msgs := _messages(items, True)), 64):
         groups.append([Message(T.op_metrics, k, v, 0, 0) for k, v in seg.handle(msgs[i:i + 64]).op_metrics])
     want = _localize(LocalizeState(), groups)
-    monkeypatch.setattr("pulse.streams.state.JUDGE_STEP", 4)  # small steps at this small size
+    monkeypatch.setattr("pulse.engine.localize_stage.JUDGE_STEP", 4)  # small steps at this small size
     stepped = LocalizeState(budget_s=0.0)  # one step (>= JUDGE_STEP records) per call
     got, calls = [], 0
     for msgs in groups:
@@ -168,7 +171,7 @@ def test_a_hung_gpu_is_a_compute_stop_in_the_agents_as_in_diagnose(sim_trace):
     """Seed 3 at the test size: the hung rank's pipeline partner's send stalls on a receive
     that was never posted, which only the forwarded receives tell the localizer (without
     them the agents said network-stop)."""
-    from pulse.localization import diagnose
+    from pulse.engine import diagnose
 
     from pulse.trace import read_truth
 

@@ -109,7 +109,7 @@ def test_compute_slow_verdicts_and_victoria(broker, victoria, sim_trace, tmp_pat
     wrong = [v for v in anomalies if kind_family(v["kind"]) == "network"]
     assert not wrong, [(v["kind"], v["nodes"]) for v in wrong]
     # ... and the culprit named, by the one-process diagnosis and by the pipeline alike.
-    from pulse.localization.diagnose import diagnose
+    from pulse.engine import diagnose
 
     batch = [v for v in diagnose(trace).anomalies if culprit & set(v.nodes) and kind_family(v.kind) == "compute"]
     hits = [v for v in anomalies if culprit & set(v["nodes"]) and kind_family(v["kind"]) == "compute"]

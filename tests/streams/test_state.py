@@ -7,7 +7,8 @@ import random
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-from pulse.streams.state import LocalizeState, Message, SegmentState, _Aligner
+from pulse.engine import Aligner as _Aligner
+from pulse.streams.state import LocalizeState, Message, SegmentState
 
 from pulse.records import OpMetrics
 from pulse.settings import Topics
@@ -31,7 +32,7 @@ def test_bad_messages_become_dead_letters_and_the_rest_goes_on():
     assert all(d.error for d in out.dead)
     rec = orjson.loads(out.dead[0].to_json())
     assert rec["stage"] == "segment" and rec["value_bytes"] == len(b"not a batch")
-    assert seg.events == 1 and len(out.op_metrics) == 1  # the flow event is forwarded to its job
+    assert seg.stats["events"] == 1 and len(out.op_metrics) == 1  # the flow event is forwarded to its job
     loc = LocalizeState()
     out2 = loc.handle([Message(T.op_metrics, b"j", b"[1, 2]", 1, 0)])
     assert len(out2.dead) == 1 and out2.dead[0].stage == "localize"

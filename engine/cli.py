@@ -11,7 +11,7 @@ import orjson
 
 from pulse.records import Verdict
 
-from .params import LocalizeParams
+from pulse.localization import LocalizeParams
 
 
 def _console() -> Any:

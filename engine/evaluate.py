@@ -14,9 +14,9 @@ from typing import Any
 from pulse.errors import ConfigError
 from pulse.trace import read_truth
 
+from pulse.localization import LocalizeParams, ScenarioScore, Summary, score, summarize
+
 from .diagnose import diagnose
-from .params import LocalizeParams
-from .scoring import ScenarioScore, Summary, score, summarize
 
 METHODS = ("pulse", "baseline")
 

@@ -1,0 +1,83 @@
+"""Re-aligning one job's operator metrics in trace time before localization."""
+
+from __future__ import annotations
+
+from pulse.records import OpMetrics
+
+
+class Aligner:
+    """Re-aligns one job's operator metrics in time before localization.
+
+    Ranks of one operator come from different nodes, hence different partitions, which a
+    worker consumes at different paces (a backlog on one partition, a slow fetch). The
+    localizer's judgement depends on the order it sees operators in (it closes an operator
+    once later ones show up and keeps per-process history), so it must see them as a live
+    job produces them: in time order. An operator's records wait here until it has all its
+    ``nranks`` ranks and every node still reporting has gone past the operator's end (a
+    per-node watermark in trace time). Bounds, both in trace time so a processing backlog
+    changes nothing: a node more than ``hold_ns`` behind the most advanced one no longer
+    holds the watermark (it may have stopped), and an operator that ended ``hold_ns``
+    before the most advanced node's latest operator goes out as it is. When no record
+    arrived for ``idle_s`` of wall time (the job paused or ended), everything goes out.
+    Released operators go out in end-time order, in seq order per communicator.
+    """
+
+    def __init__(self, hold_ns: int, idle_s: float) -> None:
+        self.hold_ns = hold_ns
+        self.idle_s = idle_s
+        self.pending: dict[str, dict[int, dict[int, OpMetrics]]] = {}
+        self.known: dict[str, set[int]] = {}
+        self.calibrated: set[str] = set()
+        self.node_end: dict[str, int] = {}
+        self.last_add = 0.0
+
+    def add(self, m: OpMetrics, now: float) -> None:
+        self.pending.setdefault(m.comm_id, {}).setdefault(m.seq, {})[m.rank] = m
+        self.known.setdefault(m.comm_id, set()).add(m.rank)
+        self.node_end[m.node] = max(self.node_end.get(m.node, m.end_ns), m.end_ns)
+        self.last_add = now
+
+    def _complete(self, comm: str, recs: dict[int, OpMetrics]) -> bool:
+        # Not "the ranks seen so far" at first: under skew those are one node's, and an
+        # operator released without its late ranks would have them dropped as too late.
+        # But only ranks that send data report an operator: a Send has one record (its
+        # Recv none), Broadcast/Reduce one fewer than the ranks (the ring's last rank,
+        # the root). Once a communicator's ranks have reported (an operator of it was
+        # released), a rank that never reports for it (its ring hop inside a node) is
+        # not waited for either. Without this, such operators waited for the hold bound
+        # and, released in seq order, held back every later one of their communicator.
+        rec = next(iter(recs.values()))
+        need = rec.nranks
+        if rec.kind == "Send":
+            need = 1
+        elif rec.kind in ("Broadcast", "Reduce"):
+            need = max(1, need - 1)
+        if comm in self.calibrated:
+            need = min(need, len(self.known.get(comm, ())))
+        return len(recs) >= need
+
+    def ready(self, now: float, *, flush: bool = False) -> list[OpMetrics]:
+        """Operators that can go out now (all of them with ``flush``: the input ended)."""
+        if not self.node_end:
+            return []
+        idle = flush or now - self.last_add >= self.idle_s
+        top = max(self.node_end.values())
+        wm = min(end for end in self.node_end.values() if end >= top - self.hold_ns)
+        chosen: list[tuple[int, str, int]] = []
+        for comm, ops in self.pending.items():
+            for seq in sorted(ops):
+                recs = ops[seq]
+                end = max(r.end_ns for r in recs.values())
+                if not (idle or top - end >= self.hold_ns or (end <= wm and self._complete(comm, recs))):
+                    break
+                chosen.append((end, comm, seq))
+        out: list[OpMetrics] = []
+        for _, comm, seq in sorted(chosen):
+            recs = self.pending[comm].pop(seq)
+            self.calibrated.add(comm)
+            out += [recs[r] for r in sorted(recs)]
+        return out
+
+    @property
+    def held(self) -> int:
+        return sum(len(r) for ops in self.pending.values() for r in ops.values())

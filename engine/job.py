@@ -1,0 +1,141 @@
+"""The job engine: segmentation -> alignment -> localization, one object, driven in arrival
+order by ``pulse diagnose``, ``pulse eval``, the lab analysis and the Faust agents alike.
+
+:class:`Localizers` is the localization side of any number of jobs (what the localize
+agent holds: op-metrics are keyed by job). :class:`JobEngine` joins it to a
+:class:`~.segment_stage.SegmentStage` in one process: what the segmentation stage
+forwards (comm/flow events, posted receives, data ends) and emits (operator metrics) goes
+straight to the job's localize stage, where the pipeline sends it over the op-metrics
+topic. Nothing else differs between the two: the agents only decode, route by key, call
+these objects and encode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from pulse.localization import LocalizeParams
+from pulse.segmentation import SegmentParams
+
+from pulse.events import HookEvent
+from pulse.records import DataEnd, OpMetrics, Verdict
+from pulse.samples import EpochBatch
+
+from .localize_stage import HOLD_NS, IDLE_S, LocalizeStage
+from .segment_stage import SegmentOutput, SegmentStage
+
+
+class Localizers:
+    """One :class:`LocalizeStage` per job, created on the job's first record."""
+
+    def __init__(self, params: LocalizeParams | None = None, *, hold_ns: int = HOLD_NS, idle_s: float = IDLE_S,
+                 budget_s: float | None = None) -> None:
+        self.params = params if params is not None else LocalizeParams()
+        self.hold_ns = hold_ns
+        self.idle_s = idle_s
+        self.budget_s = budget_s
+        self.jobs: dict[str, LocalizeStage] = {}
+        self.verdicts = 0
+
+    def stage(self, job: str) -> LocalizeStage:
+        st = self.jobs.get(job)
+        if st is None:
+            st = self.jobs[job] = LocalizeStage(job, self.params, hold_ns=self.hold_ns, idle_s=self.idle_s)
+        return st
+
+    def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd]) -> None:
+        self.stage(job).add_events(items)
+
+    def add_metrics(self, records: list[OpMetrics], now: float) -> None:
+        by_job: dict[str, list[OpMetrics]] = {}
+        for r in records:
+            by_job.setdefault(r.job, []).append(r)
+        for job, recs in by_job.items():
+            self.stage(job).add_metrics(recs, now)
+
+    def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> list[Verdict]:
+        """Release what the aligners held long enough and judge it (call it periodically;
+        with a budget, call it again while ``backlog``)."""
+        now = time.monotonic() if now is None else now
+        budget = self.budget_s if budget_s == -1.0 else budget_s
+        for st in self.jobs.values():
+            st.release(now)
+        deadline = None if budget is None else time.monotonic() + budget
+        out: list[Verdict] = []
+        for st in self.jobs.values():
+            vs, cut = st.judge(deadline)
+            out += vs
+            if cut:
+                break
+        self.verdicts += len(out)
+        return out
+
+    def settle(self) -> list[Verdict]:
+        """Judge the whole backlog now, releasing nothing new."""
+        out: list[Verdict] = []
+        for st in self.jobs.values():
+            out += st.judge(None)[0]
+        self.verdicts += len(out)
+        return out
+
+    def finish(self) -> list[Verdict]:
+        out: list[Verdict] = []
+        for st in self.jobs.values():
+            out += st.finish()
+        self.verdicts += len(out)
+        return out
+
+    @property
+    def backlog(self) -> int:
+        """Records released by the aligners and not judged yet (a budget ran out)."""
+        return sum(len(st.backlog) for st in self.jobs.values())
+
+    @property
+    def held(self) -> int:
+        return sum(st.held for st in self.jobs.values())
+
+    @property
+    def active(self) -> bool:
+        """Whether a job is known (then ``tick`` may release held operators)."""
+        return bool(self.jobs)
+
+
+class JobEngine:
+    """Segmentation and localization of one or more jobs in one process.
+
+    Feed chunks in arrival order with :meth:`feed` (hook events and epoch batches, as a
+    live source publishes them: see :meth:`pulse.trace.TraceReader.timeline`), then call
+    :meth:`finish`. ``now`` is the wall clock of a live run; offline runs leave it at 0,
+    so nothing is released for idleness and only trace time decides.
+    """
+
+    def __init__(self, segment_params: SegmentParams | None = None, localize_params: LocalizeParams | None = None,
+                 *, hold_ns: int = HOLD_NS) -> None:
+        self.segment = SegmentStage(segment_params)
+        self.localize = Localizers(localize_params, hold_ns=hold_ns)
+        self.metrics: list[OpMetrics] = []
+        self.verdicts: list[Verdict] = []
+
+    def feed(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = (),
+             now: float = 0.0) -> list[Verdict]:
+        out = self.segment.add(events, batches)
+        if out.refused:
+            batch, exc = out.refused[0]
+            raise type(exc)(f"{batch.node}/{batch.nic} batch {batch.batch_seq}: {exc}")
+        return self._route(out, now)
+
+    def finish(self) -> list[Verdict]:
+        vs = self._route(self.segment.finish(), 0.0)
+        return vs + self._keep(self.localize.finish())
+
+    def _route(self, out: SegmentOutput, now: float) -> list[Verdict]:
+        for (job, _node), items in out.forwards.items():
+            self.localize.add_forwarded(job, items)
+        self.metrics += out.metrics
+        self.localize.add_metrics(out.metrics, now)
+        return self._keep(self.localize.tick(now, budget_s=None))
+
+    def _keep(self, vs: list[Verdict]) -> list[Verdict]:
+        self.verdicts += vs
+        return vs

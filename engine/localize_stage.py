@@ -1,0 +1,112 @@
+"""The localization half of the engine, for one job: operator metrics, forwarded hook
+events and data ends in (in arrival order), verdicts out.
+
+Ranks of one operator come from different nodes, hence, in the pipeline, different
+partitions consumed at different paces; offline they come from per-node segmenters that
+close operators at different times. Either way the :class:`~.aligner.Aligner` puts them
+back in trace-time order before the :class:`~pulse.localization.Localizer` judges them,
+so what it concludes depends on the trace, not on who delivered it when.
+
+With a time budget, a call judges released operators for about that long and keeps the
+rest (in order) for the next call: a localizer behind a backlog hands out its verdicts as
+it goes rather than all at the end of one long call.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Iterable
+
+from pulse.localization import LocalizeParams, Localizer
+
+from pulse.events import HookEvent
+from pulse.records import DataEnd, OpMetrics, Verdict
+
+from .aligner import Aligner
+
+HOLD_NS = 1_000_000_000
+"""Trace time an operator waits for its late ranks before it is judged without them."""
+IDLE_S = 0.5
+"""Wall time without any record after which everything held goes out (a live job paused
+or ended; offline runs never idle, they call ``finish``)."""
+JUDGE_STEP = 64
+"""Records per localizer call when a time budget applies (about 30 ms at 64 GPUs)."""
+
+
+def take_ops(queue: collections.deque[OpMetrics], n: int | None) -> list[OpMetrics]:
+    """The first ``n`` or more records of ``queue`` up to an operator's end (all when
+    ``n`` is None): an operator's ranks are judged in one call, as the aligner released them."""
+    if n is None or len(queue) <= n:
+        out = list(queue)
+        queue.clear()
+        return out
+    out = [queue.popleft() for _ in range(n)]
+    last = (out[-1].comm_id, out[-1].seq)
+    while queue and (queue[0].comm_id, queue[0].seq) == last:
+        out.append(queue.popleft())
+    return out
+
+
+class LocalizeStage:
+    """One job's aligner and localizer."""
+
+    def __init__(self, job: str, params: LocalizeParams | None = None, *, hold_ns: int = HOLD_NS,
+                 idle_s: float = IDLE_S) -> None:
+        self.job = job
+        self.localizer = Localizer(params, job=job or None)
+        self.aligner = Aligner(hold_ns, idle_s)
+        self.backlog: collections.deque[OpMetrics] = collections.deque()
+        self.metrics = 0
+        self.verdicts = 0
+
+    def add_events(self, events: Iterable[HookEvent | DataEnd]) -> None:
+        """Forwarded items: hook events (membership, flows, posted receives) and data ends."""
+        hooks: list[HookEvent] = []
+        for e in events:
+            if isinstance(e, DataEnd):
+                if hooks:
+                    self.localizer.add_events(hooks)
+                    hooks = []
+                self.localizer.observe_data_end(e.node, e.end_ns)
+            else:
+                hooks.append(e)
+        if hooks:
+            self.localizer.add_events(hooks)
+
+    def add_metrics(self, records: Iterable[OpMetrics], now: float) -> None:
+        n = 0
+        for rec in records:
+            self.aligner.add(rec, now)
+            n += 1
+        self.metrics += n
+
+    def release(self, now: float, *, flush: bool = False) -> None:
+        """Move what the aligner holds long enough (everything with ``flush``) to the
+        backlog (judged by ``judge``)."""
+        self.backlog.extend(self.aligner.ready(now, flush=flush))
+
+    def judge(self, deadline: float | None) -> tuple[list[Verdict], bool]:
+        """Judge the backlog, until ``deadline`` (monotonic) if given; returns the verdicts
+        and whether the deadline cut it short."""
+        out: list[Verdict] = []
+        while self.backlog:
+            vs = self.localizer.update(take_ops(self.backlog, None if deadline is None else JUDGE_STEP))
+            out += vs
+            if deadline is not None and time.monotonic() >= deadline:
+                self.verdicts += len(out)
+                return out, True
+        self.verdicts += len(out)
+        return out, False
+
+    def finish(self) -> list[Verdict]:
+        """The end of the input: release and judge everything, then the localizer's last word."""
+        self.release(0.0, flush=True)
+        out, _ = self.judge(None)
+        vs = self.localizer.finish()
+        self.verdicts += len(vs)
+        return out + vs
+
+    @property
+    def held(self) -> int:
+        return self.aligner.held + len(self.backlog)
