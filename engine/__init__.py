@@ -6,8 +6,8 @@ Faust or InfluxDB)."""
 from .aligner import Aligner
 from .diagnose import DiagnoseResult, diagnose, run_engine
 from .job import JobEngine, Localizers
-from .localize_stage import LocalizeStage
+from .localize_stage import Judged, LocalizeStage
 from .segment_stage import SegmentOutput, SegmentStage
 
-__all__ = ["Aligner", "DiagnoseResult", "JobEngine", "LocalizeStage", "Localizers", "SegmentOutput", "SegmentStage",
+__all__ = ["Aligner", "DiagnoseResult", "JobEngine", "Judged", "LocalizeStage", "Localizers", "SegmentOutput", "SegmentStage",
            "diagnose", "run_engine"]

@@ -8,10 +8,9 @@ from typing import Any
 
 import click
 import orjson
+from pulse.localization import LocalizeParams
 
 from pulse.records import Verdict
-
-from pulse.localization import LocalizeParams
 
 
 def _console() -> Any:

@@ -11,10 +11,10 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from pulse.localization import LocalizeParams, ScenarioScore, Summary, score, summarize
+
 from pulse.errors import ConfigError
 from pulse.trace import read_truth
-
-from pulse.localization import LocalizeParams, ScenarioScore, Summary, score, summarize
 
 from .diagnose import diagnose
 

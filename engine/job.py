@@ -19,10 +19,10 @@ from pulse.localization import LocalizeParams
 from pulse.segmentation import SegmentParams
 
 from pulse.events import HookEvent
-from pulse.records import DataEnd, OpMetrics, Verdict
+from pulse.records import DataEnd, Incident, OpMetrics, Verdict
 from pulse.samples import EpochBatch
 
-from .localize_stage import HOLD_NS, IDLE_S, LocalizeStage
+from .localize_stage import HOLD_NS, IDLE_S, Judged, LocalizeStage
 from .segment_stage import SegmentOutput, SegmentStage
 
 
@@ -54,7 +54,7 @@ class Localizers:
         for job, recs in by_job.items():
             self.stage(job).add_metrics(recs, now)
 
-    def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> list[Verdict]:
+    def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> Judged:
         """Release what the aligners held long enough and judge it (call it periodically;
         with a budget, call it again while ``backlog``)."""
         now = time.monotonic() if now is None else now
@@ -62,28 +62,28 @@ class Localizers:
         for st in self.jobs.values():
             st.release(now)
         deadline = None if budget is None else time.monotonic() + budget
-        out: list[Verdict] = []
+        out = Judged()
         for st in self.jobs.values():
-            vs, cut = st.judge(deadline)
-            out += vs
+            got, cut = st.judge(deadline)
+            out.extend(got)
             if cut:
                 break
-        self.verdicts += len(out)
+        self.verdicts += len(out.verdicts)
         return out
 
-    def settle(self) -> list[Verdict]:
+    def settle(self) -> Judged:
         """Judge the whole backlog now, releasing nothing new."""
-        out: list[Verdict] = []
+        out = Judged()
         for st in self.jobs.values():
-            out += st.judge(None)[0]
-        self.verdicts += len(out)
+            out.extend(st.judge(None)[0])
+        self.verdicts += len(out.verdicts)
         return out
 
-    def finish(self) -> list[Verdict]:
-        out: list[Verdict] = []
+    def finish(self) -> Judged:
+        out = Judged()
         for st in self.jobs.values():
-            out += st.finish()
-        self.verdicts += len(out)
+            out.extend(st.finish())
+        self.verdicts += len(out.verdicts)
         return out
 
     @property
@@ -116,6 +116,8 @@ class JobEngine:
         self.localize = Localizers(localize_params, hold_ns=hold_ns)
         self.metrics: list[OpMetrics] = []
         self.verdicts: list[Verdict] = []
+        self.incidents: list[Incident] = []
+        """Every incident state change, in order."""
 
     def feed(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = (),
              now: float = 0.0) -> list[Verdict]:
@@ -136,6 +138,7 @@ class JobEngine:
         self.localize.add_metrics(out.metrics, now)
         return self._keep(self.localize.tick(now, budget_s=None))
 
-    def _keep(self, vs: list[Verdict]) -> list[Verdict]:
-        self.verdicts += vs
-        return vs
+    def _keep(self, judged: Judged) -> list[Verdict]:
+        self.verdicts += judged.verdicts
+        self.incidents += judged.incidents
+        return judged.verdicts

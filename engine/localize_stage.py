@@ -15,13 +15,15 @@ it goes rather than all at the end of one long call.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 from collections.abc import Iterable
 
 from pulse.localization import LocalizeParams, Localizer
+from pulse.localization.lifecycle import IncidentTracker
 
 from pulse.events import HookEvent
-from pulse.records import DataEnd, OpMetrics, Verdict
+from pulse.records import DataEnd, Incident, OpMetrics, Verdict
 
 from .aligner import Aligner
 
@@ -32,6 +34,18 @@ IDLE_S = 0.5
 or ended; offline runs never idle, they call ``finish``)."""
 JUDGE_STEP = 64
 """Records per localizer call when a time budget applies (about 30 ms at 64 GPUs)."""
+
+
+@dataclasses.dataclass
+class Judged:
+    """What judging produced: every verdict, and the incident state changes they caused."""
+
+    verdicts: list[Verdict] = dataclasses.field(default_factory=list)
+    incidents: list[Incident] = dataclasses.field(default_factory=list)
+
+    def extend(self, other: Judged) -> None:
+        self.verdicts += other.verdicts
+        self.incidents += other.incidents
 
 
 def take_ops(queue: collections.deque[OpMetrics], n: int | None) -> list[OpMetrics]:
@@ -49,13 +63,15 @@ def take_ops(queue: collections.deque[OpMetrics], n: int | None) -> list[OpMetri
 
 
 class LocalizeStage:
-    """One job's aligner and localizer."""
+    """One job's aligner, localizer and incident tracker."""
 
     def __init__(self, job: str, params: LocalizeParams | None = None, *, hold_ns: int = HOLD_NS,
                  idle_s: float = IDLE_S) -> None:
         self.job = job
         self.localizer = Localizer(params, job=job or None)
         self.aligner = Aligner(hold_ns, idle_s)
+        self.tracker = IncidentTracker(job)
+        self.data_end = 0
         self.backlog: collections.deque[OpMetrics] = collections.deque()
         self.metrics = 0
         self.verdicts = 0
@@ -69,6 +85,7 @@ class LocalizeStage:
                     self.localizer.add_events(hooks)
                     hooks = []
                 self.localizer.observe_data_end(e.node, e.end_ns)
+                self.data_end = max(self.data_end, e.end_ns)
             else:
                 hooks.append(e)
         if hooks:
@@ -86,26 +103,30 @@ class LocalizeStage:
         backlog (judged by ``judge``)."""
         self.backlog.extend(self.aligner.ready(now, flush=flush))
 
-    def judge(self, deadline: float | None) -> tuple[list[Verdict], bool]:
-        """Judge the backlog, until ``deadline`` (monotonic) if given; returns the verdicts
-        and whether the deadline cut it short."""
+    def judge(self, deadline: float | None) -> tuple[Judged, bool]:
+        """Judge the backlog, until ``deadline`` (monotonic) if given; returns what that
+        produced and whether the deadline cut it short."""
         out: list[Verdict] = []
+        cut = False
         while self.backlog:
-            vs = self.localizer.update(take_ops(self.backlog, None if deadline is None else JUDGE_STEP))
-            out += vs
+            out += self.localizer.update(take_ops(self.backlog, None if deadline is None else JUDGE_STEP))
             if deadline is not None and time.monotonic() >= deadline:
-                self.verdicts += len(out)
-                return out, True
-        self.verdicts += len(out)
-        return out, False
+                cut = True
+                break
+        return self._judged(out), cut
 
-    def finish(self) -> list[Verdict]:
-        """The end of the input: release and judge everything, then the localizer's last word."""
+    def finish(self) -> Judged:
+        """The end of the input: release and judge everything, the localizer's last word,
+        and every incident still open is resolved (the job ended)."""
         self.release(0.0, flush=True)
         out, _ = self.judge(None)
-        vs = self.localizer.finish()
-        self.verdicts += len(vs)
-        return out + vs
+        out.extend(self._judged(self.localizer.finish()))
+        out.incidents += self.tracker.finish(self.data_end or None)
+        return out
+
+    def _judged(self, verdicts: list[Verdict]) -> Judged:
+        self.verdicts += len(verdicts)
+        return Judged(verdicts, self.tracker.observe(verdicts))
 
     @property
     def held(self) -> int:

@@ -435,7 +435,8 @@ async def ensure_topics(bootstrap: str, settings: Settings, *, timeout_s: float 
     """Create every Pulse topic with explicit partition counts (never broker auto-create).
 
     samples and hook-events are co-partitioned (same count, same key = node); op-metrics and
-    verdicts are keyed by job and get ``derived_partitions`` (default: the same count).
+    verdicts are keyed by job and get ``derived_partitions`` (default: the same count), as
+    does the compacted incidents topic (key = incident id).
     """
     from pulse.broker import create_topics
 
@@ -443,9 +444,11 @@ async def ensure_topics(bootstrap: str, settings: Settings, *, timeout_s: float 
     n = settings.partitions
     m = derived_partitions or n
     wanted = {t.samples: n, t.hook_events: n, t.op_metrics: m, t.verdicts: m,
-              t.dead_letter: 1, t.pipeline: 1}
+              t.dead_letter: 1, t.pipeline: 1, t.incidents: m}
+    # incidents: key = incident id, only the latest state of each matters
+    compact = {t.incidents: {"cleanup.policy": "compact"}}
     try:
-        return await create_topics(bootstrap, wanted, timeout_s=timeout_s)
+        return await create_topics(bootstrap, wanted, timeout_s=timeout_s, configs=compact)
     except ServiceError:
         raise
     except ConfigError:

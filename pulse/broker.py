@@ -281,8 +281,9 @@ class EmbeddedBroker:
 
 
 async def create_topics(bootstrap: str, partitions: Mapping[str, int], *, replication: int = 1,
-                        timeout_s: float = 30.0) -> dict[str, int]:
-    """Make sure each topic exists with exactly the given partition count.
+                        timeout_s: float = 30.0, configs: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, int]:
+    """Make sure each topic exists with exactly the given partition count (and, when it is
+    created here, the given topic configs, e.g. ``cleanup.policy=compact``).
 
     Topics that exist already are kept if their count matches; a mismatch is a
     :class:`ConfigError` (co-partitioned topics must agree). Returns topic -> partitions.
@@ -298,7 +299,8 @@ async def create_topics(bootstrap: str, partitions: Mapping[str, int], *, replic
         try:
             await asyncio.wait_for(admin.start(), timeout_s)
             existing = set(await admin.list_topics())
-            missing = [NewTopic(name, num_partitions=n, replication_factor=replication)
+            missing = [NewTopic(name, num_partitions=n, replication_factor=replication,
+                                topic_configs=dict((configs or {}).get(name, {})))
                        for name, n in partitions.items() if name not in existing]
             if missing:
                 await admin.create_topics(missing, timeout_ms=int(timeout_s * 1000))

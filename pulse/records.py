@@ -129,6 +129,80 @@ class Verdict(Record):
             raise DecodeError("verdict: evidence and window must be JSON objects")
 
 
+INCIDENT_STATES = ("open", "updated", "resolved")
+
+
+@dataclasses.dataclass(frozen=True)
+class Incident(Record):
+    """One fault, from the first verdict that named it to its resolution
+    (``pulse.incidents``, compacted, key = id: the latest state of every incident).
+
+    The id is stable: it is derived from (job, kind, level, nodes, first operator) when the
+    incident opens and kept through its updates, even when a later verdict refines its
+    nodes or level."""
+
+    TYPE = "incident"
+    FIELDS = (
+        Field("id", "str", check=_name("id")),
+        Field("job", "str", check=_name("job", True)),
+        Field("state", "str", choices=INCIDENT_STATES),
+        Field("kind", "str", choices=VERDICT_KINDS),
+        Field("level", "str", choices=LEVELS),
+        Field("nodes", "list[str]"),
+        Field("ranks", "list[int]"),
+        Field("nics", "list[str]"),
+        Field("confidence", "float", bounds=(0.0, 1.0)),
+        Field("summary", "str"),
+        Field("evidence", "json"),
+        Field("first_op", "json"),
+        Field("ops", "int", bounds=NONNEG),
+        Field("updates", "int", bounds=NONNEG),
+        Field("first_seen_ns", "int", bounds=INT64),
+        Field("last_seen_ns", "int", bounds=INT64),
+        Field("resolved_at_ns", "int", required=False, bounds=INT64),
+        Field("resolution", "str", required=False, choices=("evidence-stopped", "job-ended")),
+        Field("emitted_at", "int", bounds=INT64),
+    )
+    id: str
+    job: str
+    state: str
+    kind: str
+    level: str
+    nodes: list[str]
+    ranks: list[int]
+    nics: list[str]
+    confidence: float
+    summary: str
+    """One sentence for a person: which node and NIC, which metric, how far from its peers."""
+    evidence: Any
+    """The latest deciding verdict's evidence."""
+    first_op: Any
+    """{"comm_id", "seq"} of the first operator that showed it."""
+    ops: int
+    """Operators that showed it (the most any of its verdicts counted)."""
+    updates: int
+    first_seen_ns: int
+    """Trace time (culprit-side clock) of the first operator showing it."""
+    last_seen_ns: int
+    """Trace time up to which the evidence still showed it."""
+    resolved_at_ns: int | None = None
+    """Trace time at which it was judged over (resolved only)."""
+    resolution: str | None = None
+    emitted_at: int = 0
+    """Wall clock (ns since the Unix epoch) of this state change."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if (self.state == "resolved") != (self.resolved_at_ns is not None):
+            raise DecodeError("incident: resolved_at_ns is set exactly when the state is resolved")
+        if not isinstance(self.evidence, dict) or not isinstance(self.first_op, dict):
+            raise DecodeError("incident: evidence and first_op must be JSON objects")
+
+
+def decode_incident(raw: bytes | bytearray | memoryview | str, where: str = "incident") -> Incident:
+    return Incident.from_dict(loads(raw, where), where)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataEnd(Record):
     """How far one node's epoch data is known to reach (its node clock), forwarded by the

@@ -28,6 +28,8 @@ class Topics:
     verdicts: str
     dead_letter: str
     pipeline: str
+    incidents: str
+    """Compacted, key = incident id: the latest state of every incident."""
 
     @classmethod
     def with_prefix(cls, prefix: str) -> Topics:
@@ -38,6 +40,7 @@ class Topics:
             verdicts=f"{prefix}.verdicts",
             dead_letter=f"{prefix}.dead-letter",
             pipeline=f"{prefix}.pipeline",
+            incidents=f"{prefix}.incidents",
         )
 
 

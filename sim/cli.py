@@ -34,6 +34,8 @@ def _scenario_help() -> str:
               help="dense (TP/PP/DP GPT-like) or moe (adds expert all-to-all); default: the scenario's.")
 @click.option("--severity", type=float, default=None, help="Scenario strength (range per scenario; default mid-range).")
 @click.option("--onset-ms", type=float, default=None, help="When the fault starts (true ms from start; default ~35% of the run).")
+@click.option("--fault-duration-ms", type=float, default=None,
+              help="How long the fault acts from its onset (true ms; default: to the end of the run).")
 @click.option("--algo", type=click.Choice(ALGOS), default="auto", show_default=True,
               help="DP AllReduce algorithm: ring, NCCL's double binary tree, or auto (NCCL-like cost model: "
                    "tree only for small buckets).")
@@ -45,14 +47,15 @@ def _scenario_help() -> str:
               help="Trace directory to write (empty or absent); default ./sim-SCENARIO-SEED.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 def sim(scenario: str, seed: int, nodes: int, gpus_per_node: int, nics_per_node: int, pp: int, steps: int,
-        epoch_us: int, workload: str | None, severity: float | None, onset_ms: float | None, algo: str,
+        epoch_us: int, workload: str | None, severity: float | None, onset_ms: float | None,
+        fault_duration_ms: float | None, algo: str,
         bucket_mb: float | None, job: str, out: str | None, as_json: bool) -> None:
     """Simulate a training cluster (mechanistic NCCL-like traffic) with one anomaly scenario."""
     from pulse.sim.run import simulate
 
     cfg = SimConfig(scenario=scenario, seed=seed, nodes=nodes, gpus_per_node=gpus_per_node,
                     nics_per_node=nics_per_node, pp=pp, steps=steps, epoch_us=epoch_us, workload=workload,
-                    severity=severity, onset_ms=onset_ms, job=job, algo=algo, bucket_mb=bucket_mb)
+                    severity=severity, onset_ms=onset_ms, fault_duration_ms=fault_duration_ms, job=job, algo=algo, bucket_mb=bucket_mb)
     rc = cfg.resolved()  # validate before touching the disk
     out = out or f"sim-{rc.sc.name}-{seed}"
     show = (not as_json) and sys.stderr.isatty()

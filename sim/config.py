@@ -28,6 +28,9 @@ class SimConfig:
     severity: float | None = None
     onset_ms: float | None = None
     """None: about a third into the run (estimated from the healthy step time)."""
+    fault_duration_ms: float | None = None
+    """How long the fault acts from its onset (None: to the end of the run): the cause is
+    removed then, so a monitor's incident can be seen to resolve."""
     job: str = "sim"
     nic_gbps: float = 400.0
     clock_offset_us: float = 100.0
@@ -65,8 +68,10 @@ class SimConfig:
             raise ConfigError(f"scenario {sc.name!r} needs --workload {' or '.join(sc.workloads)}")
         if self.scenario == "switch-congestion" and self.nodes < 4:
             raise ConfigError("switch-congestion needs at least 4 nodes (two leaves)")
-        if self.onset_ms is not None and not self.onset_ms >= 0:
-            raise ConfigError(f"--onset-ms {self.onset_ms}: must be >= 0")
+        if self.onset_ms is not None and not 0 <= self.onset_ms <= 1e9:
+            raise ConfigError(f"--onset-ms {self.onset_ms}: must be in [0, 1e9]")
+        if self.fault_duration_ms is not None and not 0 < self.fault_duration_ms <= 1e9:
+            raise ConfigError(f"--fault-duration-ms {self.fault_duration_ms}: must be in (0, 1e9]")
         if not 1.0 <= self.nic_gbps <= 3200.0:
             raise ConfigError(f"nic_gbps={self.nic_gbps}: must be in [1, 3200]")
         if not 0.0 <= self.clock_offset_us <= 10_000.0:

@@ -40,7 +40,7 @@ _K2 = np.uint64(0xBF58476D1CE4E5B9)
 _K3 = np.uint64(0x94D049BB133111EB)
 
 # scalar parameter slots (int64)
-P_ONSET, P_EPOCH, P_EOFF, P_FLAP_PERIOD, P_FLAP_DOWN, P_SEED, P_TLIMIT = range(7)
+P_ONSET, P_EPOCH, P_EOFF, P_FLAP_PERIOD, P_FLAP_DOWN, P_SEED, P_TLIMIT, P_FEND = range(8)
 # float parameter slots
 F_CAP, F_POST_MEAN, F_HOST_MEAN = range(3)
 # state slots (int64)
@@ -170,6 +170,7 @@ def _kernel(t_stop, st, rng, P, FP,
     flap_period = P[P_FLAP_PERIOD]
     flap_down = P[P_FLAP_DOWN]
     t_limit = P[P_TLIMIT]
+    fend = P[P_FEND]
     base_cap = FP[F_CAP]
     post_mean = FP[F_POST_MEAN]
     host_mean = FP[F_HOST_MEAN]
@@ -184,7 +185,7 @@ def _kernel(t_stop, st, rng, P, FP,
             break
         act = False
         st[S_TICKS] += 1
-        after = t >= onset
+        after = onset <= t < fend  # the fault acts from onset until it ends
         # 1. node programs
         all_done = True
         for n in range(n_nodes):
@@ -260,7 +261,8 @@ def _kernel(t_stop, st, rng, P, FP,
                     if t + LAT_NS < conn_wake[c]:
                         conn_wake[c] = t + LAT_NS
                     b = CTS_BYTES * cts_count[j]
-                    tc = _link_up(t, onset, flap_period, flap_down, nic_flap[conn_src_nic[c]] or nic_flap[conn_dst_nic[c]])
+                    tc = _link_up(t, onset, flap_period, flap_down,
+                                  after and (nic_flap[conn_src_nic[c]] or nic_flap[conn_dst_nic[c]]))
                     _rec(2 * c + 1, tc, b, 0, epoch, qa, orow, st)
                     _rec(2 * c, tc, 0, b, epoch, qa, orow, st)
                 if part_left[p] == 0:
@@ -341,7 +343,7 @@ def _kernel(t_stop, st, rng, P, FP,
                         conn_wake[dc] = cons + LAT_NS
                     if ch_grants[fw]:
                         tc = _link_up(t, onset, flap_period, flap_down,
-                                      nic_flap[conn_src_nic[dc]] or nic_flap[conn_dst_nic[dc]])
+                                      after and (nic_flap[conn_src_nic[dc]] or nic_flap[conn_dst_nic[dc]]))
                         _rec(2 * dc + 1, tc, CTS_BYTES, 0, epoch, qa, orow, st)
                         _rec(2 * dc, tc, 0, CTS_BYTES, epoch, qa, orow, st)
         # 4. fair share of NIC capacity
@@ -534,7 +536,9 @@ def _kernel(t_stop, st, rng, P, FP,
                     cand = conn_wait[c]
             if (not after) and onset > t and onset < cand:
                 cand = onset
-            if any_flap and t >= onset:
+            if after and fend < cand:
+                cand = fend
+            if any_flap and after:
                 ph = (t - onset) % flap_period
                 nb = t - ph + (flap_down if ph < flap_down else flap_period)
                 if nb < cand:
@@ -567,6 +571,8 @@ class Anomaly:
     node_cpu: np.ndarray
     flap_period_ns: int = 1 << 62
     flap_down_ns: int = 0
+    end_ns: int = 1 << 62
+    """When the fault stops acting (true time; default never)."""
     post_mean_ns: float = 0.0
     host_mean_ns: float = 0.0
 
@@ -608,7 +614,7 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     epoch = job.rc.epoch_ns
     n_nic = cfg.nodes * cfg.nics_per_node
     C = len(job.conns)
-    P = np.zeros(8, dtype=np.int64)
+    P = np.zeros(9, dtype=np.int64)
     P[P_ONSET] = an.onset_ns
     P[P_EPOCH] = epoch
     P[P_EOFF] = eoff_ns
@@ -616,6 +622,7 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     P[P_FLAP_DOWN] = an.flap_down_ns
     P[P_SEED] = seed & ((1 << 62) - 1)
     P[P_TLIMIT] = an.t_limit_ns
+    P[P_FEND] = an.end_ns
     FP = np.zeros(4)
     FP[F_CAP] = cfg.nic_gbps / 8.0 * TICK_NS
     FP[F_POST_MEAN] = an.post_mean_ns

@@ -71,11 +71,14 @@ def simulate(config: SimConfig, out: str | Path,
     job = build_job(rc, rng)
     est_total = job.est_step_ns * cfg.steps
     onset = int(cfg.onset_ms * 1e6) if cfg.onset_ms is not None else int(0.35 * est_total)
-    if rc.sc.name in ("nic-down", "gpu-hang"):
-        t_limit = onset + int(max(0.4 * est_total, 300e6))
+    fault_end = onset + int(cfg.fault_duration_ms * 1e6) if cfg.fault_duration_ms is not None else None
+    if rc.sc.name in ("nic-down", "gpu-hang") and fault_end is None:
+        t_limit = onset + int(max(0.4 * est_total, 300e6))  # the job hangs: stop simulating it
     else:
-        t_limit = int(4 * est_total + 1e9)
+        t_limit = int(4 * est_total + 1e9) + (fault_end - onset if fault_end is not None else 0)
     an, culprit = build_anomaly(job, rng, onset, t_limit)
+    if fault_end is not None:
+        an.end_ns = fault_end
     span = int(cfg.clock_offset_us * 1000)
     offsets = rng.integers(-span, span + 1, size=cfg.nodes).astype(np.int64) if span else np.zeros(cfg.nodes, np.int64)
     epoch = rc.epoch_ns
@@ -87,7 +90,7 @@ def simulate(config: SimConfig, out: str | Path,
         nb, nrows = _write_batches(w, job, res, qpn, epoch, t_grid0, offsets, eoff)
         _write_events(w, job, res, qpn, offsets)
         _write_oplevel(w, job, res, offsets)
-        w.write_truth(_truth(job, res, qpn, offsets, culprit, onset, t_grid0, eoff))
+        w.write_truth(_truth(job, res, qpn, offsets, culprit, onset, t_grid0, eoff, fault_end))
         events = w.events_written
     issued = int((res.part_issue >= 0).sum())
     return SimSummary(
@@ -250,7 +253,7 @@ def _write_oplevel(w: TraceWriter, job: Job, res: RunResult, offsets: np.ndarray
 
 
 def _truth(job: Job, res: RunResult, qpn: np.ndarray, offsets: np.ndarray, culprit: Culprit, onset: int,
-           t_grid0: int, eoff: int) -> dict[str, Any]:
+           t_grid0: int, eoff: int, fault_end: int | None = None) -> dict[str, Any]:
     rc: ResolvedConfig = job.rc
     cfg = rc.cfg
     K = cfg.nics_per_node
@@ -287,6 +290,7 @@ def _truth(job: Job, res: RunResult, qpn: np.ndarray, offsets: np.ndarray, culpr
         "culprit": {"nodes": [node_name(n) for n in culprit.nodes], "ranks": [list(x) for x in ranks],
                     "nics": [f"{node_name(n)}/{nic_name(k)}" for n, k in culprit.nics]},
         "level": rc.sc.level, "kind": rc.sc.kind, "onset_ns": T_BASE_NS + onset,
+        "fault_end_ns": None if fault_end is None else T_BASE_NS + fault_end,
         "clock_offsets_ns": {node_name(n): int(offsets[n]) for n in range(cfg.nodes)},
         "cause": rc.sc.cause, "detail": culprit.detail,
         "sim": {"nodes": cfg.nodes, "gpus_per_node": cfg.gpus_per_node, "nics_per_node": K, "pp": cfg.pp,

@@ -40,6 +40,7 @@ from aiokafka.partitioner import murmur2
 from pulse.records import Verdict
 from pulse.settings import Settings
 
+from .alerts import AlertSink
 from .influx import InfluxSink
 from .offload import LocalizeProcess
 from .state import LocalizeState, Message, Output, SegmentState
@@ -181,7 +182,8 @@ class Pipeline:
     def __init__(self, settings: Settings, *, bootstrap: str | None = None, influx: InfluxSink | None = None,
                  segment_params: Any = None, localize_params: Any = None, chunk: int = 1024,
                  within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
-                 session_timeout_s: float = 10.0, localize_process: bool = True) -> None:
+                 session_timeout_s: float = 10.0, localize_process: bool = True,
+                 alerts: AlertSink | None = None) -> None:
         self.settings = settings
         self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
@@ -191,6 +193,8 @@ class Pipeline:
         self.localize_state: LocalizeState | LocalizeProcess = (
             LocalizeProcess(localize_params) if localize_process else LocalizeState(localize_params))
         self.influx = influx
+        self.alerts = alerts
+        self.incidents_sent = 0
         self.chunk = chunk
         self.within_s = within_s
         self.on_verdicts = on_verdicts
@@ -236,7 +240,9 @@ class Pipeline:
         verdicts = app.topic(t.verdicts, partitions=s.partitions, **raw)
         dead = app.topic(t.dead_letter, partitions=1, **raw)
         pipeline = app.topic(t.pipeline, partitions=1, **raw)
-        self.topic_objects = {"op_metrics": op_metrics, "verdicts": verdicts, "dead": dead, "pipeline": pipeline}
+        incidents = app.topic(t.incidents, partitions=s.partitions, **raw)
+        self.topic_objects = {"op_metrics": op_metrics, "verdicts": verdicts, "dead": dead, "pipeline": pipeline,
+                              "incidents": incidents}
 
         @app.agent(inputs, name="pulse-segment")
         async def segment(stream: Any) -> None:
@@ -262,7 +268,7 @@ class Pipeline:
                 if not msgs:
                     continue
                 out = await self._localize(msgs)
-                await self._send_verdicts(out.verdicts, verdicts)
+                await self._send_verdicts(out, verdicts)
                 await self._dead(out, dead)
                 self._drain_backlog(verdicts)
 
@@ -271,7 +277,7 @@ class Pipeline:
             # Operators held for alignment go out even when no new record arrives.
             if self.localize_state.active:
                 out = await self._run(self._loc_pool, lambda _m: self.localize_state.tick(), [])
-                await self._send_verdicts(out.verdicts, verdicts)
+                await self._send_verdicts(out, verdicts)
                 self._drain_backlog(verdicts)
 
         @app.timer(PIPELINE_INTERVAL_S)
@@ -281,6 +287,17 @@ class Pipeline:
             if self.influx is not None:
                 fields = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
                 self.influx.add_pipeline(s.worker_id, "worker", fields, int(PIPELINE_INTERVAL_S * 1e9))
+
+        if self.alerts is not None:
+            sink = self.alerts
+
+            @app.task
+            async def alerts_lifecycle() -> None:
+                await sink.setup()
+                try:
+                    await asyncio.Event().wait()
+                finally:
+                    await sink.close(timeout_s=5.0)  # what is queued still goes out
 
         if self.influx is not None:
             influx = self.influx
@@ -351,7 +368,7 @@ class Pipeline:
 
     async def _after_local_localize(self, fut: asyncio.Future[Output], verdicts: Any) -> None:
         out = await fut
-        await self._send_verdicts(out.verdicts, verdicts)
+        await self._send_verdicts(out, verdicts)
         await self._dead(out, self.topic_objects["dead"])
         self._drain_backlog(verdicts)
 
@@ -364,7 +381,7 @@ class Pipeline:
     async def _drain(self, verdicts: Any) -> None:
         while self.localize_state.backlog:
             out = await self._run(self._loc_pool, lambda _m: self.localize_state.tick(), [])
-            await self._send_verdicts(out.verdicts, verdicts)
+            await self._send_verdicts(out, verdicts)
 
     def _handed_over(self, m: Message) -> bool:
         n = self._handed.get(m.value or b"")
@@ -385,15 +402,25 @@ class Pipeline:
         if ts:
             self.lag_ms[stage] = max(0.0, time.time() * 1000 - ts * (1000 if ts < 1e11 else 1))
 
-    async def _send_verdicts(self, vs: list[Verdict], topic: Any) -> None:
-        if not vs:
-            return
+    async def _send_verdicts(self, out: Output, topic: Any) -> None:
+        """A localize call's verdicts to the verdict topic, and the incident state changes
+        they caused to the compacted incidents topic (key = incident id); both to InfluxDB,
+        incidents to the alert sink."""
+        vs, incs = out.verdicts, out.incidents
         for v in vs:
             await topic.send(key=(v.job or "").encode(), value=v.to_json())
+        for i in incs:
+            await self.topic_objects["incidents"].send(key=i.id.encode(), value=i.to_json())
         self.verdicts_sent += len(vs)
+        self.incidents_sent += len(incs)
         if self.influx is not None:
-            self.influx.add_verdicts(vs)
-        if self.on_verdicts is not None:
+            if vs:
+                self.influx.add_verdicts(vs)
+            if incs:
+                self.influx.add_incidents(incs)
+        if self.alerts is not None and incs:
+            self.alerts.add(incs)
+        if self.on_verdicts is not None and vs:
             self.on_verdicts(vs)
 
     async def _dead(self, out: Output, topic: Any) -> None:
@@ -456,12 +483,15 @@ class Pipeline:
             "lost_batches": seg["lost_batches"], "drops": seg["late_batches"] + seg["lost_batches"],
             "lag_ms_segment": round(self.lag_ms.get("segment", 0.0), 1),
             "lag_ms_localize": round(self.lag_ms.get("localize", 0.0), 1),
+            "incidents": self.incidents_sent,
             "held_op_metrics": self.localize_state.held, "input_done_at_ns": self.input_done_at_ns,
             # Localize calls submitted and not finished (a backlog: verdicts still to come).
             "localize_queued": self._loc_busy,
             # Both agents rebuilt their state and take new messages.
             "ready": len(self.seeded) == 2,
         }
+        if self.alerts is not None:
+            rec.update(self.alerts.stats())
         if self.influx is not None:
             rec["influx_written"] = self.influx.written
             rec["influx_dropped"] = self.influx.dropped

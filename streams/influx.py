@@ -1,7 +1,8 @@
 """The InfluxDB sink: verdicts, per-operator metrics and the pipeline's health as points.
 
 Measurements (DESIGN.md "Wire contracts"): ``pulse_verdict`` (tags job, kind, level,
-status), ``pulse_op`` (tags job, node, comm, op), ``pulse_pipeline`` (tags worker, stage).
+status), ``pulse_incident`` (tags job, kind, level, state), ``pulse_op`` (tags job, node,
+comm, op), ``pulse_pipeline`` (tags worker, stage).
 Flow ids and seq numbers are fields, never tags (cardinality).
 
 Lifecycle: :meth:`InfluxSink.setup` detects the server from ``/ping`` (an
@@ -32,7 +33,7 @@ from typing import Any
 import orjson
 
 from pulse.errors import ServiceError
-from pulse.records import OpMetrics, Verdict
+from pulse.records import Incident, OpMetrics, Verdict
 
 log = logging.getLogger("pulse.streams.influx")
 
@@ -91,6 +92,19 @@ def verdict_line(v: Verdict) -> str:
                  "confidence": float(v.confidence), "first_seen_ns": v.first_seen_ns, "emitted_at": v.emitted_at,
                  "method": v.method or "pulse", "id": v.id or "",
                  "evidence": orjson.dumps(v.evidence).decode()[:4000]}, ts)
+
+
+def incident_line(i: Incident) -> str:
+    # One point per state change, at the trace time it speaks of (Grafana draws them as
+    # annotations on the rate panels); the id is a field: one tag value per fault would
+    # grow the series without bound.
+    at = {"open": i.first_seen_ns, "updated": i.last_seen_ns}.get(i.state, i.resolved_at_ns or i.last_seen_ns)
+    ts = (at // 1000) * 1000 + _digest(i.id, i.state, i.updates)
+    return line("pulse_incident", {"job": i.job or "-", "kind": i.kind, "level": i.level, "state": i.state},
+                {"id": i.id, "nodes": ",".join(i.nodes), "nics": ",".join(i.nics), "ranks": ",".join(map(str, i.ranks)),
+                 "summary": i.summary, "confidence": float(i.confidence), "ops": i.ops, "updates": i.updates,
+                 "first_seen_ns": i.first_seen_ns, "last_seen_ns": i.last_seen_ns,
+                 "resolved_at_ns": i.resolved_at_ns, "resolution": i.resolution, "emitted_at": i.emitted_at}, ts)
 
 
 def pipeline_line(worker: str, stage: str, fields: dict[str, Any], interval_ns: int,
@@ -199,6 +213,9 @@ class InfluxSink:
         self.add([verdict_line(v) for v in verdicts])
         if verdicts and self._wake is not None:
             self._wake.set()  # verdicts are what operators wait for: no linger
+
+    def add_incidents(self, incidents: list[Incident]) -> None:
+        self.add([incident_line(i) for i in incidents])
 
     def add_metrics(self, metrics: list[OpMetrics]) -> None:
         if self.write_ops:

@@ -21,12 +21,19 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
-from pulse.engine import Localizers, SegmentOutput, SegmentStage
+from pulse.engine import Judged, Localizers, SegmentOutput, SegmentStage
 
 from pulse import events as _events
 from pulse import samples as _samples
 from pulse.errors import DecodeError, PulseError
-from pulse.records import DataEnd, OpMetrics, Verdict, encode_op_metrics_packed_json, op_metrics_from_dict
+from pulse.records import (
+    DataEnd,
+    Incident,
+    OpMetrics,
+    Verdict,
+    encode_op_metrics_packed_json,
+    op_metrics_from_dict,
+)
 from pulse.settings import Topics
 
 DEAD_LETTER_VALUE_LIMIT = 1 << 20
@@ -67,13 +74,20 @@ class Output:
     """(key = job, value) records for the op-metrics topic (metrics and forwarded events)."""
     metrics: list[OpMetrics] = dataclasses.field(default_factory=list)
     verdicts: list[Verdict] = dataclasses.field(default_factory=list)
+    incidents: list[Incident] = dataclasses.field(default_factory=list)
+    """Incident state changes (open, updated, resolved) the verdicts caused."""
     dead: list[DeadLetter] = dataclasses.field(default_factory=list)
 
     def extend(self, other: Output) -> None:
         self.op_metrics += other.op_metrics
         self.metrics += other.metrics
         self.verdicts += other.verdicts
+        self.incidents += other.incidents
         self.dead += other.dead
+
+    @classmethod
+    def judged(cls, j: Judged) -> Output:
+        return cls(verdicts=j.verdicts, incidents=j.incidents)
 
 
 @dataclasses.dataclass
@@ -218,15 +232,15 @@ class LocalizeState:
     def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> Output:
         """Release what the aligners held long enough and judge it (call it periodically;
         with a budget, call it again while ``backlog``)."""
-        return Output(verdicts=self.stages.tick(now, budget_s=budget_s))
+        return Output.judged(self.stages.tick(now, budget_s=budget_s))
 
     def settle(self) -> Output:
         """Judge the whole backlog now, releasing nothing new (after a state rebuild, whose
         outputs are dropped: they were sent before the commit it replays up to)."""
-        return Output(verdicts=self.stages.settle())
+        return Output.judged(self.stages.settle())
 
     def finish(self) -> Output:
-        return Output(verdicts=self.stages.finish())
+        return Output.judged(self.stages.finish())
 
     @property
     def backlog(self) -> int:

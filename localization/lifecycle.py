@@ -1,0 +1,197 @@
+"""Incidents: one per fault, from the verdict stream of a job.
+
+The localizer judges continuously: while a fault persists it repeats its anomaly verdict,
+and it says ``cleared`` once the culprit's operators look like its peers' again for
+``LocalizeParams.clear_ops`` operators. An operator (or its automation) wants one thing
+per fault instead: an incident that *opens* with the first verdict, is *updated* only when
+something an operator would act on changes (the nodes or level it names, its NICs or
+ranks, its confidence by a tenth or more), and is *resolved* when the evidence stopped or
+the job ended. :class:`IncidentTracker` turns the verdicts into those state changes.
+
+A later verdict that names an overlapping set of nodes with a fault of the same family
+(network vs compute/host) refines the open incident (a path that turns out to be one
+NIC), it does not open a second one; its id stays the one it opened with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from pulse.records import Incident, Verdict, kind_family
+
+CONFIDENCE_STEP = 0.1
+"""A change of confidence smaller than this is not an update worth paging about."""
+
+_KIND_WORDS = {
+    "network-slow": "network fail-slow", "network-stop": "network fail-stop",
+    "compute-slow": "compute fail-slow", "compute-stop": "compute fail-stop (hung)",
+    "host-contention": "host contention", "path": "slow path",
+}
+
+
+def incident_id(job: str, kind: str, level: str, nodes: Iterable[str], comm_id: Any, seq: Any) -> str:
+    """Stable id of an incident: its job, what it named first, and its first operator."""
+    text = "|".join([job, kind, level, ",".join(nodes), str(comm_id), str(seq)])
+    return "inc-" + hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.1f} ms" if abs(ns) >= 100_000 else f"{ns / 1e3:.0f} µs"
+
+
+def _median(xs: list[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return (s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2.0) if n else float("nan")
+
+
+def _metric_sentence(v: Verdict) -> str:
+    """What the deciding metric says, in words, from the verdict's own evidence."""
+    ev = v.evidence if isinstance(v.evidence, dict) else {}
+    rows = [r for r in ev.get("findings") or [] if isinstance(r, dict) and r.get("node") in v.nodes]
+    rows = rows or [r for r in ev.get("findings") or [] if isinstance(r, dict)]
+    by: dict[str, list[tuple[float, float]]] = {}
+    for r in rows:
+        val, ref = r.get("value"), r.get("reference")
+        if isinstance(val, (int, float)) and isinstance(ref, (int, float)):
+            by.setdefault(str(r.get("metric")), []).append((float(val), float(ref)))
+    if not by:
+        return ""
+    metric, pairs = max(by.items(), key=lambda kv: len(kv[1]))
+    val = _median([a for a, _ in pairs])
+    ref = _median([b for _, b in pairs])
+    if metric == "act_ns" and ref > 0:
+        return f"its communication took {val / ref:.1f}x the usual time (ACT {_ms(val)} vs {_ms(ref)})"
+    if metric == "active_rate" and ref > 0:
+        return f"its sends ran at {100 * val / ref:.0f} % of its peers' rate"
+    if metric == "volume_ratio":
+        return f"it sent {100 * (val - 1):.0f} % more bytes than the operators need (retransmissions)"
+    if metric == "sent_fraction":
+        return f"its traffic stopped after {100 * val:.0f} % of an operator's bytes"
+    if metric == "issue_to_end_ns":
+        return f"it issued its collectives {_ms(ref - val)} after its peers"
+    if metric == "end_after_other_nics_ns":
+        return f"its operators on that NIC ended {_ms(val)} after the same operators on its other NICs"
+    if metric == "started":
+        return "it never started an operator its peers were waiting in"
+    return f"{metric} {val:.4g} vs {ref:.4g} for its peers"
+
+
+def summary(v: Verdict, ops: int) -> str:
+    """One sentence for a person, e.g. "node-03 (node-03/mlx5_0): network fail-slow, its
+    sends ran at 38 % of its peers' rate, over 34 operators since 12:01:07 UTC (confidence
+    0.99)"."""
+    what = _KIND_WORDS.get(str(v.kind), str(v.kind))
+    who = (" and ".join(v.nodes) if v.kind == "path" else ", ".join(v.nodes)) or "?"
+    if v.nics:
+        who += f" ({', '.join(v.nics[:4])}{', ...' if len(v.nics) > 4 else ''})"
+    since = datetime.fromtimestamp(v.first_seen_ns / 1e9, UTC).strftime("%H:%M:%S") if v.first_seen_ns else "?"
+    ev = v.evidence if isinstance(v.evidence, dict) else {}
+    parts = [f"{who}: {what}"]
+    sentence = _metric_sentence(v)
+    if v.kind == "host-contention" and isinstance(ev.get("out_excess"), (int, float)):
+        sentence = (f"its sends were {100 * float(ev['out_excess']):.0f} % slower than usual on "
+                    f"{len(ev.get('slow_out_nics') or [])} NICs, what it receives "
+                    f"{100 * float(ev.get('in_excess') or 0):.0f} %")
+    if sentence:
+        parts.append(sentence)
+    parts.append(f"over {ops} operator{'s' if ops != 1 else ''} since {since} UTC (confidence {v.confidence:.2f})")
+    return ", ".join(parts)
+
+
+@dataclasses.dataclass
+class _Open:
+    incident: Incident
+    ops: set[tuple[Any, Any]]
+    max_ops: int
+
+
+class IncidentTracker:
+    """The incidents of one job, fed its verdicts in emission order."""
+
+    def __init__(self, job: str, *, clock: Callable[[], int] = time.time_ns) -> None:
+        self.job = job
+        self.clock = clock
+        self.open: dict[str, _Open] = {}
+        self.last_ns = 0
+        self.opened = 0
+
+    def observe(self, verdicts: Iterable[Verdict]) -> list[Incident]:
+        """State changes caused by ``verdicts`` (open, updated, resolved), in order."""
+        out: list[Incident] = []
+        for v in verdicts:
+            decided = v.window.get("decided_at_ns") if isinstance(v.window, dict) else None
+            if isinstance(decided, int):
+                self.last_ns = max(self.last_ns, decided)
+            if v.status == "anomaly":
+                out += self._anomaly(v)
+            elif v.status == "cleared":
+                cur = self._match(v)
+                if cur is not None:
+                    out.append(self._resolve(cur, "evidence-stopped", decided if isinstance(decided, int) else None))
+        return out
+
+    def finish(self, end_ns: int | None = None) -> list[Incident]:
+        """The job (or the input) ended: every open incident is resolved."""
+        at = end_ns if end_ns is not None else self.last_ns
+        return [self._resolve(cur, "job-ended", at) for cur in list(self.open.values())]
+
+    def _match(self, v: Verdict) -> _Open | None:
+        nodes = set(v.nodes)
+        exact = [o for o in self.open.values() if (o.incident.kind, o.incident.level, set(o.incident.nodes))
+                 == (v.kind, v.level, nodes)]
+        if exact:
+            return exact[0]
+        fam = kind_family(v.kind)
+        near = [o for o in self.open.values() if kind_family(o.incident.kind) == fam and nodes & set(o.incident.nodes)]
+        return near[0] if near else None
+
+    def _anomaly(self, v: Verdict) -> list[Incident]:
+        win = v.window if isinstance(v.window, dict) else {}
+        ev = v.evidence if isinstance(v.evidence, dict) else {}
+        seen = {(r.get("comm_id"), r.get("seq")) for r in ev.get("findings") or [] if isinstance(r, dict)}
+        n_ops = max(int(ev.get("outlier_ops") or 0), int(win.get("ops") or 0))
+        decided = win.get("decided_at_ns")
+        last = decided if isinstance(decided, int) else self.last_ns
+        cur = self._match(v)
+        if cur is None:
+            comm = win.get("comm_id")
+            first = {"comm_id": comm[0] if isinstance(comm, list) and comm else comm, "seq": win.get("first_seq")}
+            iid = incident_id(self.job, str(v.kind), str(v.level), v.nodes, first["comm_id"], first["seq"])
+            ops = max(n_ops, len(seen))
+            inc = Incident(id=iid, job=self.job, state="open", kind=str(v.kind), level=str(v.level),
+                           nodes=list(v.nodes), ranks=list(v.ranks), nics=list(v.nics), confidence=v.confidence,
+                           summary=summary(v, ops), evidence=ev, first_op=first, ops=ops, updates=0,
+                           first_seen_ns=v.first_seen_ns, last_seen_ns=last, emitted_at=self.clock())
+            self.open[iid] = _Open(inc, seen, n_ops)
+            self.opened += 1
+            return [inc]
+        old = cur.incident
+        cur.ops |= seen
+        cur.max_ops = max(cur.max_ops, n_ops)
+        ops = max(cur.max_ops, len(cur.ops))
+        ranks = sorted(set(old.ranks) | set(v.ranks))
+        nics = sorted(set(old.nics) | set(v.nics))
+        changed = ((v.kind, v.level, list(v.nodes)) != (old.kind, old.level, old.nodes) or ranks != sorted(old.ranks)
+                   or nics != sorted(old.nics) or abs(v.confidence - old.confidence) >= CONFIDENCE_STEP)
+        new = dataclasses.replace(
+            old, kind=str(v.kind), level=str(v.level), nodes=list(v.nodes), ranks=ranks, nics=nics,
+            evidence=ev, ops=ops, last_seen_ns=max(old.last_seen_ns, last), summary=summary(v, ops),
+            confidence=v.confidence if changed else old.confidence)
+        if not changed:
+            cur.incident = new  # the latest evidence is kept, but nothing to announce
+            return []
+        cur.incident = dataclasses.replace(new, state="updated", updates=old.updates + 1, emitted_at=self.clock())
+        return [cur.incident]
+
+    def _resolve(self, cur: _Open, why: str, at: int | None) -> Incident:
+        del self.open[cur.incident.id]
+        inc = cur.incident
+        return dataclasses.replace(inc, state="resolved", resolution=why,
+                                   resolved_at_ns=at if at is not None else inc.last_seen_ns,
+                                   emitted_at=self.clock())
