@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -40,6 +41,7 @@ from aiokafka.partitioner import murmur2
 from pulse.records import Verdict
 from pulse.settings import Settings
 
+from .health import write_health
 from .influx import InfluxSink
 from .offload import LocalizeProcess
 from .state import LocalizeState, Message, Output, SegmentState
@@ -181,8 +183,10 @@ class Pipeline:
     def __init__(self, settings: Settings, *, bootstrap: str | None = None, influx: InfluxSink | None = None,
                  segment_params: Any = None, localize_params: Any = None, chunk: int = 1024,
                  within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
-                 session_timeout_s: float = 10.0, localize_process: bool = True) -> None:
+                 session_timeout_s: float = 10.0, localize_process: bool = True,
+                 health_path: Path | None = None) -> None:
         self.settings = settings
+        self.health_path = health_path  # `pulse worker --health` reads it (health.py)
         self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
         self.segment_state = SegmentState(self.topics, segment_params)
@@ -277,6 +281,8 @@ class Pipeline:
         @app.timer(PIPELINE_INTERVAL_S)
         async def pipeline_stats() -> None:
             rec = self.pipeline_record(app)
+            if self.health_path is not None:  # before the send, which waits on the broker
+                write_health(self.health_path, rec)
             await pipeline.send(key=s.worker_id.encode(), value=orjson.dumps(rec))
             if self.influx is not None:
                 fields = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -465,6 +471,7 @@ class Pipeline:
         if self.influx is not None:
             rec["influx_written"] = self.influx.written
             rec["influx_dropped"] = self.influx.dropped
+            rec["influx_rejected_retention"] = self.influx.rejected_retention
         return rec
 
 

@@ -83,7 +83,8 @@ def start_worker(settings: Settings, bootstrap: str, log_path: Path, env: dict[s
     """``pulse worker`` as a child process with the given broker and topic settings."""
     child_env = dict(os.environ if env is None else env)
     child_env.update({"PULSE_BROKER": bootstrap, "PULSE_TOPIC_PREFIX": settings.topic_prefix,
-                      "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id})
+                      "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id,
+                      "PULSE_DATA_DIR": str(settings.data_dir)})  # its health file goes there
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "pulse.cli", "worker", "--loglevel", "info"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
@@ -271,7 +272,7 @@ def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
     say = _Stderr(cfg.echo and not cfg.as_json)
     with tempfile.TemporaryDirectory(prefix="pulse-demo-") as tmp:
         workdir = Path(tmp)
-        settings = dataclasses.replace(settings, spool_dir=workdir / "spool",
+        settings = dataclasses.replace(settings, spool_dir=workdir / "spool", data_dir=workdir / "data",
                                        worker_id=f"{settings.worker_id}-demo-{os.getpid()}-{time.monotonic_ns() % 100000}")
         trace = Path(cfg.trace_dir) if cfg.trace_dir else workdir / "trace"
         if cfg.trace_dir is None:
