@@ -101,7 +101,8 @@ def demo(scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, n
     """The whole pipeline on this machine: the embedded broker (unless PULSE_BROKER is set), a
     worker, and a live simulated job with an anomaly. Prints each verdict as it arrives with
     the time from the end of the first anomalous operator to the verdict, then stops.
-    Writes to InfluxDB too when PULSE_INFLUX_URL is set."""
+    The job is streamed on the wall clock (its timestamps moved by one offset, so it runs
+    now). Writes to InfluxDB too when PULSE_INFLUX_URL is set."""
     from .demo import DemoConfig, run_demo
 
     if speed <= 0:
