@@ -21,7 +21,6 @@ import asyncio
 import dataclasses
 import heapq
 import itertools
-import math
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -105,9 +104,10 @@ async def replay_items(trace_dir: str | Path, *, speed: float = 0.0, clock: Repl
         if first_item is not None:
             # The first timed item's time (a batch: the end of its last epoch) becomes about
             # now, never later: everything is published at or after the instant it claims.
-            # Whole seconds (and whole epochs) keep every batch on the epoch grid it had.
+            # A whole number of epochs keeps every batch on the epoch grid it had (whole
+            # seconds when the trace does not say its epoch).
             epoch_ns = reader.meta.get("epoch_ns")
-            step = math.lcm(SECOND_NS, epoch_ns) if isinstance(epoch_ns, int) and epoch_ns > 0 else SECOND_NS
+            step = epoch_ns if isinstance(epoch_ns, int) and epoch_ns > 0 else SECOND_NS
             offset = (time.time_ns() - first_item[0]) // step * step
             timed = itertools.chain([first_item], timed)
     if clock is not None:

@@ -21,8 +21,8 @@ from pulse.trace import TraceReader, read_batch_file
 
 # Items carry the time they describe, at most a batch window before they are sent; the
 # simulated runs here last a few seconds of job time.
-SLACK_BEFORE_NS = 30 * 10**9
-SLACK_AFTER_NS = 5 * 10**9
+SLACK_BEFORE_NS = 5 * 10**9
+SLACK_AFTER_NS = 2 * 10**9
 SMALL = ["--nodes", "4", "--gpus-per-node", "2", "--nics-per-node", "1", "--steps", "4"]
 
 
