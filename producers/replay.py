@@ -11,8 +11,9 @@ A live replay (``rebase=True``) also moves every timestamp it publishes (batches
 hook events' ``t_host_ns``) by one offset per run, chosen so that the first timed item
 carries the wall-clock time it is sent at: a simulated or recorded job then looks like one
 running now to everything downstream (InfluxDB refuses points older than a bucket's
-retention), while relative timing and each node's clock offset are kept exactly. The trace
-files themselves are never changed.
+retention), while relative timing and each node's clock offset are kept exactly (so at a
+``speed`` other than 1 the job's clock drifts from the wall clock as the run goes on). The
+trace files themselves are never changed.
 """
 
 from __future__ import annotations
