@@ -18,6 +18,7 @@ Imports stay light (no Faust, no numba): a healthcheck runs every few seconds.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import time
 from pathlib import Path
@@ -32,6 +33,9 @@ DEFAULT_MAX_AGE_S = 30.0
 DEFAULT_MAX_LAG = 100_000
 BROKER_TIMEOUT_S = 3.0
 
+log = logging.getLogger("pulse.streams.health")
+_unwritable: set[Path] = set()
+
 
 def health_path(settings: Settings) -> Path:
     """Where the worker of ``settings`` writes its health (one file per consumer group and
@@ -39,12 +43,22 @@ def health_path(settings: Settings) -> Path:
     return settings.data_dir / f"worker-{settings.worker_id}.health.json"
 
 
-def write_health(path: Path, record: dict[str, Any]) -> None:
-    """Replace the health file atomically (a probe never reads half a record)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(orjson.dumps({**record, "pid": os.getpid()}))
-    os.replace(tmp, path)
+def write_health(path: Path, record: dict[str, Any]) -> bool:
+    """Replace the health file atomically (a probe never reads half a record). A file that
+    cannot be written is logged once and otherwise ignored: the worker's work goes on, and
+    its probe answers unhealthy (no file)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(orjson.dumps({**record, "pid": os.getpid()}))
+        os.replace(tmp, path)
+    except OSError as exc:
+        if path not in _unwritable:
+            _unwritable.add(path)
+            log.warning("cannot write the health file %s (%s): `pulse worker --health` will say unhealthy",
+                        path, exc)
+        return False
+    return True
 
 
 def _alive(pid: int) -> bool:

@@ -63,3 +63,17 @@ def test_no_health_file_is_unhealthy_and_options_need_health(broker, tmp_path):
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 2 and "--health" in r.stderr
     assert not Path(tmp_path / "data").exists()
+
+
+def test_an_unwritable_health_file_is_reported_not_fatal(tmp_path, caplog):
+    from pulse.streams.health import write_health
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("")
+    rec = {"at_ns": 1, "assigned": 1, "ready": True}
+    assert write_health(blocker / "h.json", rec) is False
+    assert write_health(blocker / "h.json", rec) is False
+    assert len([r for r in caplog.records if "cannot write the health file" in r.getMessage()]) == 1
+    ok = tmp_path / "d" / "h.json"
+    assert write_health(ok, rec) is True
+    assert json.loads(ok.read_text()) == {**rec, "pid": os.getpid()}
