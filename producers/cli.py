@@ -68,15 +68,17 @@ def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitio
     ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms, "coalesce_ms": coalesce_ms}, as_json)
 
 
-async def _publish_trace(opts: _Opts, trace_dir: str, speed: float) -> dict[str, Any]:
+async def _publish_trace(opts: _Opts, trace_dir: str, speed: float, *, rebase: bool) -> dict[str, Any]:
     from .publisher import Publisher
-    from .replay import publish_trace
+    from .replay import ReplayClock, publish_trace
 
     t0 = time.perf_counter()
+    clock = ReplayClock(speed)
     async with Publisher(opts.settings, **opts.publisher) as pub:
-        counts = await publish_trace(pub, trace_dir, speed=speed)
+        counts = await publish_trace(pub, trace_dir, speed=speed, clock=clock, rebase=rebase)
         await pub.flush()
-    return {**counts, "wall_s": round(time.perf_counter() - t0, 3), "publisher": pub.stats}
+    return {**counts, "wall_s": round(time.perf_counter() - t0, 3), "time_offset_ns": clock.offset_ns,
+            "publisher": pub.stats}
 
 
 @produce.command("trace", context_settings=_CTX)
@@ -84,12 +86,15 @@ async def _publish_trace(opts: _Opts, trace_dir: str, speed: float) -> dict[str,
 @click.option("--realtime/--fast", default=False, show_default=True,
               help="Pace by the recorded timestamps, or send as fast as possible.")
 @click.option("--speed", type=float, default=1.0, show_default=True, help="With --realtime: trace s per wall s.")
+@click.option("--wall-clock/--trace-clock", "wall_clock", default=False, show_default=True,
+              help="Move every timestamp by one offset so the job starts now (as a live source), "
+                   "or keep the recorded ones.")
 @click.pass_obj
-def trace_cmd(opts: _Opts, trace_dir: str, realtime: bool, speed: float) -> None:
+def trace_cmd(opts: _Opts, trace_dir: str, realtime: bool, speed: float, wall_clock: bool) -> None:
     """Replay a trace directory (pulse sim / pulse capture output)."""
     if speed <= 0:
         raise ConfigError(f"--speed {speed}: must be > 0")
-    _report(opts, asyncio.run(_publish_trace(opts, trace_dir, speed if realtime else 0.0)))
+    _report(opts, asyncio.run(_publish_trace(opts, trace_dir, speed if realtime else 0.0, rebase=wall_clock)))
 
 
 @produce.command("sim", context_settings=_CTX)
@@ -108,8 +113,10 @@ def sim_cmd(opts: _Opts, scenario: str, seed: int, steps: int, nodes: int, gpus_
     """Stream a simulated job in real time.
 
     The simulator computes a whole run at once (its engine is not incremental), so the job
-    is simulated first and then streamed paced by its own timestamps: to the pipeline
-    it is indistinguishable from a live job.
+    is simulated first and then streamed paced by its own timestamps, moved by one offset so
+    that the job runs now (relative timing and per-node clock offsets kept): to the pipeline
+    and to InfluxDB it is indistinguishable from a live job. A trace kept with --keep holds
+    the simulator's own deterministic timestamps.
     """
     from pulse.sim.config import SimConfig
     from pulse.sim.run import simulate
@@ -124,7 +131,7 @@ def sim_cmd(opts: _Opts, scenario: str, seed: int, steps: int, nodes: int, gpus_
         if not opts.as_json:
             click.echo(f"simulating {scenario} (seed {seed}, {nodes * gpus_per_node} GPUs, {steps} steps)...", err=True)
         simulate(cfg, out)
-        _report(opts, asyncio.run(_publish_trace(opts, str(out), speed)))
+        _report(opts, asyncio.run(_publish_trace(opts, str(out), speed, rebase=True)))
 
 
 def _publish_iter(opts: _Opts, events: Iterable[Any]) -> dict[str, Any]:

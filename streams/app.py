@@ -32,6 +32,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -41,6 +42,7 @@ from pulse.records import Verdict
 from pulse.settings import Settings
 
 from .alerts import AlertSink
+from .health import write_health
 from .influx import InfluxSink
 from .offload import LocalizeProcess
 from .state import LocalizeState, Message, Output, SegmentState
@@ -183,8 +185,9 @@ class Pipeline:
                  segment_params: Any = None, localize_params: Any = None, chunk: int = 1024,
                  within_s: float = 0.05, on_verdicts: Callable[[list[Verdict]], None] | None = None,
                  session_timeout_s: float = 10.0, localize_process: bool = True,
-                 alerts: AlertSink | None = None) -> None:
+                 alerts: AlertSink | None = None, health_path: Path | None = None) -> None:
         self.settings = settings
+        self.health_path = health_path  # `pulse worker --health` reads it (health.py)
         self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
         self.segment_state = SegmentState(self.topics, segment_params)
@@ -283,6 +286,8 @@ class Pipeline:
         @app.timer(PIPELINE_INTERVAL_S)
         async def pipeline_stats() -> None:
             rec = self.pipeline_record(app)
+            if self.health_path is not None:  # before the send, which waits on the broker
+                write_health(self.health_path, rec)
             await pipeline.send(key=s.worker_id.encode(), value=orjson.dumps(rec))
             if self.influx is not None:
                 fields = {k: v for k, v in rec.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -495,6 +500,7 @@ class Pipeline:
         if self.influx is not None:
             rec["influx_written"] = self.influx.written
             rec["influx_dropped"] = self.influx.dropped
+            rec["influx_rejected_retention"] = self.influx.rejected_retention
         return rec
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import click
 
-from pulse.errors import ConfigError
+from pulse.errors import ConfigError, ServiceError
 from pulse.settings import Settings
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -25,23 +26,60 @@ def _settings(broker: str | None, prefix: str | None, partitions: int | None, wo
 @click.option("--loglevel", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--no-ops-to-influx", is_flag=True, help="Write only verdicts and pipeline health to InfluxDB.")
+@click.option("--health", "health", is_flag=True,
+              help="Do not run a worker: probe the running one (health file fresh, partitions assigned, "
+                   "broker reachable, lag bounded); exit 0 when healthy, 1 otherwise.")
+@click.option("--health-file", type=click.Path(dir_okay=False), default=None,
+              help="The health file the worker writes and --health reads "
+                   "(default PULSE_DATA_DIR/worker-<worker id>.health.json).")
+@click.option("--max-lag", type=click.IntRange(min=0), default=None,
+              help="With --health: most messages the group may be behind on its input topics [100000].")
+@click.option("--max-age", type=click.FloatRange(min=1.0), default=None,
+              help="With --health: oldest health record, in seconds, from a live worker [30].")
+@click.option("--json", "as_json", is_flag=True, help="With --health: the report as JSON on stdout.")
 def worker(broker: str | None, prefix: str | None, partitions: int | None, worker_id: str | None,
-           loglevel: str, no_ops_to_influx: bool) -> None:
+           loglevel: str, no_ops_to_influx: bool, health: bool, health_file: str | None, max_lag: int | None,
+           max_age: float | None, as_json: bool) -> None:
     """Run the Faust worker: segment and localize agents, verdicts to Kafka (and InfluxDB
-    when PULSE_INFLUX_URL is set). Stops on SIGINT/SIGTERM."""
-    from .app import run_worker
-    from .influx import InfluxSink
+    when PULSE_INFLUX_URL is set). Stops on SIGINT/SIGTERM. With --health, report whether
+    the worker of these settings is healthy instead (a container healthcheck)."""
+    from .health import health_path
 
     s = _settings(broker, prefix, partitions, worker_id)
     if not s.broker:
         raise ConfigError("no broker: set PULSE_BROKER or --broker host:port (pulse broker runs an embedded one)")
+    hpath = Path(health_file) if health_file else health_path(s)
+    if health:
+        _health(s, hpath, max_lag, max_age, as_json)
+        return
+    if max_lag is not None or max_age is not None or as_json:
+        raise click.UsageError("--max-lag, --max-age and --json go with --health")
+    from .app import run_worker
+    from .influx import InfluxSink
+
     influx = None
     if s.influx_url:
         influx = InfluxSink(s.influx_url, org=s.influx_org, bucket=s.influx_bucket, token=s.influx_token,
                             write_ops=not no_ops_to_influx)
     click.echo(f"pulse worker {s.worker_id}: broker {s.broker}, topics {s.topic_prefix}.*, "
                f"{s.partitions} partitions" + (f", InfluxDB {s.influx_url}" if influx else ""), err=True)
-    run_worker(s, influx=influx, loglevel=loglevel)
+    run_worker(s, influx=influx, loglevel=loglevel, health_path=hpath)
+
+
+def _health(s: Settings, path: Path, max_lag: int | None, max_age: float | None, as_json: bool) -> None:
+    import orjson
+
+    from .health import DEFAULT_MAX_AGE_S, DEFAULT_MAX_LAG, probe
+
+    report = probe(s, path, max_lag=DEFAULT_MAX_LAG if max_lag is None else max_lag,
+                   max_age_s=DEFAULT_MAX_AGE_S if max_age is None else max_age)
+    if as_json:
+        sys.stdout.write(orjson.dumps(report).decode() + "\n")
+        sys.stdout.flush()
+    if not report["healthy"]:
+        raise ServiceError(f"worker {s.worker_id} unhealthy: " + "; ".join(report["problems"]))
+    click.echo(f"worker {s.worker_id} healthy: {report.get('assigned')} partitions assigned, "
+               f"lag {report.get('lag')} messages, health record {report.get('age_s')} s old", err=True)
 
 
 @click.command(context_settings=_CTX)
@@ -63,7 +101,8 @@ def demo(scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, n
     """The whole pipeline on this machine: the embedded broker (unless PULSE_BROKER is set), a
     worker, and a live simulated job with an anomaly. Prints each verdict as it arrives with
     the time from the end of the first anomalous operator to the verdict, then stops.
-    Writes to InfluxDB too when PULSE_INFLUX_URL is set."""
+    The job is streamed on the wall clock (its timestamps moved by one offset, so it runs
+    now). Writes to InfluxDB too when PULSE_INFLUX_URL is set."""
     from .demo import DemoConfig, run_demo
 
     if speed <= 0:

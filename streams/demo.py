@@ -83,7 +83,8 @@ def start_worker(settings: Settings, bootstrap: str, log_path: Path, env: dict[s
     """``pulse worker`` as a child process with the given broker and topic settings."""
     child_env = dict(os.environ if env is None else env)
     child_env.update({"PULSE_BROKER": bootstrap, "PULSE_TOPIC_PREFIX": settings.topic_prefix,
-                      "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id})
+                      "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id,
+                      "PULSE_DATA_DIR": str(settings.data_dir)})  # its health file goes there
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "pulse.cli", "worker", "--loglevel", "info"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
@@ -181,7 +182,9 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
 
         async def stream() -> None:
             async with Publisher(settings, bootstrap=bootstrap, linger_ms=2, coalesce_ms=COALESCE_MS) as pub:
-                counts = await publish_trace(pub, trace, speed=cfg.speed, clock=clock)
+                # On the wall clock (one offset for the run): points older than InfluxDB's
+                # retention would be refused; the latency below stays in trace time.
+                counts = await publish_trace(pub, trace, speed=cfg.speed, clock=clock, rebase=True)
                 # Against the job's own length: a publisher slower than real time shows here.
                 published["published_s"] = round(time.time() - clock.t0_wall, 3)
                 await pub.flush()
@@ -257,7 +260,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         "latency_s": lats[0] if lats else None,
         "truth": {"nodes": (truth.get("culprit") or {}).get("nodes"), "kind": truth.get("kind")},
         "batches": published.get("batches", 0), "rows": published.get("rows", 0),
-        "published_s": published.get("published_s"),
+        "published_s": published.get("published_s"), "time_offset_ns": clock.offset_ns,
         "worker_batches": worker_batches, "publisher": stats, "worker_log": str(log_path),
         "worker_timeline": timeline,
     }
@@ -269,7 +272,7 @@ def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
     say = _Stderr(cfg.echo and not cfg.as_json)
     with tempfile.TemporaryDirectory(prefix="pulse-demo-") as tmp:
         workdir = Path(tmp)
-        settings = dataclasses.replace(settings, spool_dir=workdir / "spool",
+        settings = dataclasses.replace(settings, spool_dir=workdir / "spool", data_dir=workdir / "data",
                                        worker_id=f"{settings.worker_id}-demo-{os.getpid()}-{time.monotonic_ns() % 100000}")
         trace = Path(cfg.trace_dir) if cfg.trace_dir else workdir / "trace"
         if cfg.trace_dir is None:

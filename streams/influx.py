@@ -12,6 +12,13 @@ only queue a line (never blocking the agents; a full queue drops and counts), a
 background task writes batches from a thread, retrying with exponential backoff, and
 :meth:`flush` / :meth:`close` drain it.
 
+Points older than the bucket's retention are refused by the server (InfluxDB 1.x: HTTP 400,
+2.x: 422, "partial write: points beyond retention policy dropped=N"; the rest of the batch
+is written). Retrying cannot help, so they are counted (``rejected_retention``, also in
+``dropped``) and logged at once, at most once a minute with the running count: a source
+whose clock is off, or a replay of old timestamps, shows in the worker's log instead of as
+empty dashboards.
+
 Writes are idempotent: every point's timestamp is a pure function of the record (an
 operator's end, a verdict's first-seen time plus a digest of its identity), so writing
 the same record twice gives one point.
@@ -23,6 +30,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -36,6 +44,20 @@ from pulse.errors import ServiceError
 from pulse.records import Incident, OpMetrics, Verdict
 
 log = logging.getLogger("pulse.streams.influx")
+
+RETENTION_LOG_INTERVAL_S = 60.0
+_DROPPED = re.compile(r"dropped[= ](\d+)")
+
+
+def retention_refused(exc: BaseException, points: int) -> int | None:
+    """How many of ``points`` the server refused as beyond the retention policy, when
+    ``exc`` says so (1.x and 2.x wordings: "points beyond retention policy dropped=N",
+    "dropped N points outside retention policy"); None for any other failure."""
+    text = f"{exc} {getattr(exc, 'body', '') or ''}"
+    if "retention polic" not in text.lower():
+        return None
+    m = _DROPPED.search(text)
+    return min(int(m.group(1)), points) if m else points
 
 
 # -- line protocol -----------------------------------------------------------------------
@@ -145,6 +167,8 @@ class InfluxSink:
         self.dropped = 0
         self.failed_batches = 0
         self.retried = 0
+        self.rejected_retention = 0
+        self._retention_logged_at = -RETENTION_LOG_INTERVAL_S
 
     # lifecycle ---------------------------------------------------------------------------
 
@@ -257,6 +281,10 @@ class InfluxSink:
                 self.written += len(chunk)
                 return
             except Exception as exc:
+                refused = retention_refused(exc, len(chunk))
+                if refused is not None:
+                    self._refused_for_retention(refused, len(chunk), exc)
+                    return
                 if attempt == self.retries:
                     self.failed_batches += 1
                     self.dropped += len(chunk)
@@ -267,6 +295,17 @@ class InfluxSink:
                 log.warning("InfluxDB %s write failed (%s); retry in %.1f s", self.url, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
+
+    def _refused_for_retention(self, refused: int, points: int, exc: BaseException) -> None:
+        self.rejected_retention += refused
+        self.dropped += refused
+        self.written += points - refused  # a partial write keeps the rest of the batch
+        now = time.monotonic()
+        if now - self._retention_logged_at >= RETENTION_LOG_INTERVAL_S:
+            self._retention_logged_at = now
+            log.error("InfluxDB %s refused %d of %d points as older than the retention of %r "
+                      "(%d so far): are the sources' timestamps on the wall clock? (%s)",
+                      self.url, refused, points, self.bucket, self.rejected_retention, exc)
 
     def _write(self, body: bytes) -> None:
         if self.v1:
@@ -282,4 +321,4 @@ class InfluxSink:
     def stats(self) -> dict[str, Any]:
         return {"url": self.url, "api": "v1" if self.v1 else "v2", "written": self.written,
                 "queued": len(self._queue), "dropped": self.dropped, "retried": self.retried,
-                "failed_batches": self.failed_batches}
+                "failed_batches": self.failed_batches, "rejected_retention": self.rejected_retention}

@@ -5,8 +5,9 @@ The JSON files are what Grafana loads; this script is their source, so the queri
 consistent with the measurements the pipeline's InfluxDB sink writes (DESIGN.md "Wire
 contracts": pulse_op, pulse_verdict, pulse_pipeline). Edit here, run it, commit both:
 
-    python infra/grafana/make_dashboards.py            # rewrite the JSON files
-    python infra/grafana/make_dashboards.py --check    # exit 1 if they are out of date
+    python infra/grafana/make_dashboards.py              # rewrite the JSON files
+    python infra/grafana/make_dashboards.py --check      # exit 1 if they are out of date
+    python infra/grafana/make_dashboards.py --out DIR    # write them elsewhere
 
 Every query is raw InfluxQL (datasource uid ``pulse-influxdb``) using Grafana's
 ``$timeFilter``, ``$__interval`` and the ``$job`` / ``$node`` template variables, which come
@@ -16,6 +17,7 @@ Stdlib only: it runs without Pulse installed.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -278,23 +280,36 @@ def render(build: Any) -> str:
     return json.dumps(build(), indent=2, ensure_ascii=False) + "\n"
 
 
-def main(argv: list[str]) -> int:
-    check = "--check" in argv
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog=Path(__file__).name,
+        description="Write the provisioned Grafana dashboards (JSON) from their source, this script.")
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1, naming them, if the files in the output directory "
+                         "differ from what this script generates")
+    ap.add_argument("--out", type=Path, default=OUT, metavar="DIR",
+                    help=f"output directory (default: {OUT.relative_to(OUT.parents[2])})")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)  # --help and bad arguments exit here, before anything is written
+    out: Path = args.out
     stale = []
     for name, build in DASHBOARDS.items():
-        path = OUT / name
+        path = out / name
         text = render(build)
-        if check:
+        if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
                 stale.append(name)
         else:
-            OUT.mkdir(parents=True, exist_ok=True)
+            out.mkdir(parents=True, exist_ok=True)
             path.write_text(text, encoding="utf-8")
     if stale:
-        print(f"out of date: {', '.join(stale)} (run {Path(__file__).name})", file=sys.stderr)
+        print(f"out of date in {out}: {', '.join(stale)} (run {Path(__file__).name})", file=sys.stderr)
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
