@@ -10,7 +10,7 @@ import click
 import orjson
 from pulse.localization import LocalizeParams
 
-from pulse.records import Verdict
+from pulse.records import Incident, Verdict
 
 
 def _console() -> Any:
@@ -25,9 +25,41 @@ def _fmt_ns(ns: int | float | None) -> str:
     return f"{ns / 1e6:.1f} ms"
 
 
-def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
+def _evidence_table(console: Any, evidence: Any) -> None:
     from rich.table import Table
 
+    ev = evidence if isinstance(evidence, dict) else {}
+    rows = [r for r in ev.get("findings") or [] if isinstance(r, dict)]
+    if not rows:
+        extra = {k: v for k, v in ev.items() if k not in ("findings", "rule")}
+        if extra:
+            console.print(f"  evidence: {orjson.dumps(extra, default=str).decode()[:400]}")
+        return
+    t = Table(title="evidence (the culprit's records vs the reference they were compared with)", show_lines=False)
+    for col in ("comm", "seq", "rank", "node", "metric", "value", "reference"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(*(str(r.get(k)) for k in ("comm_id", "seq", "rank", "node", "metric", "value", "reference")))
+    console.print(t)
+
+
+def _print_incidents(console: Any, incidents: list[Incident], n_verdicts: int) -> None:
+    """The incidents of a run, one block each (its final state and evidence)."""
+    latest: dict[str, Incident] = {}
+    for inc in incidents:
+        latest[inc.id] = inc
+    if not latest:
+        console.print(f"[bold green]pulse: no incident[/] ({n_verdicts} verdicts, none anomalous)")
+        return
+    for inc in sorted(latest.values(), key=lambda i: i.first_seen_ns):
+        changes = sum(1 for i in incidents if i.id == inc.id)
+        console.print(f"[bold red]pulse: incident {inc.id}[/] ({inc.state}"
+                      + (f", {inc.resolution}" if inc.resolution else "") + f", {changes} state changes)")
+        console.print(f"  {inc.summary}")
+        _evidence_table(console, inc.evidence)
+
+
+def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
     anomalies = [v for v in verdicts if v.status == "anomaly"]
     others = [v for v in verdicts if v.status in ("insufficient-data",)]
     if not anomalies:
@@ -41,40 +73,38 @@ def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
         console.print(f"[bold red]{title}: {v.kind}[/] at {v.level} level: [bold]{', '.join(v.nodes)}[/]"
                       f"  nics={','.join(v.nics) or '-'} ranks={v.ranks} confidence={v.confidence:.2f}"
                       f"  first seen {_fmt_ns(v.first_seen_ns)} (trace clock)")
-        ev = v.evidence if isinstance(v.evidence, dict) else {}
-        rows = ev.get("findings") or []
-        if rows:
-            t = Table(title="evidence (culprit vs peers' median)", show_lines=False)
-            for col in ("comm", "seq", "rank", "node", "metric", "value", "peers median"):
-                t.add_column(col)
-            for r in rows:
-                t.add_row(str(r.get("comm_id")), str(r.get("seq")), str(r.get("rank")), str(r.get("node")),
-                          str(r.get("metric")), str(r.get("value")), str(r.get("peers_median")))
-            console.print(t)
-        else:
-            console.print(f"  evidence: {orjson.dumps(ev, default=str).decode()[:400]}")
+        _evidence_table(console, v.evidence)
     for v in others:
         console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {v.evidence}")
 
 
 @click.command("diagnose")
 @click.argument("trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the verdicts as JSON lines on stdout.")
-@click.option("--baseline", is_flag=True, help="Also run the operator-level baseline (oplevel.jsonl).")
-def diagnose(trace_dir: Path, as_json: bool, baseline: bool) -> None:
-    """Segment and localize the trace directory TRACE_DIR in one process (no broker)."""
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON lines on stdout: every incident state change (with --verdicts: every verdict).")
+@click.option("--verdicts", "show_verdicts", is_flag=True,
+              help="Report the raw verdict stream instead of incidents.")
+@click.option("--baseline", is_flag=True, help="Also run the operator-level baseline (oplevel.jsonl; its verdicts).")
+def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool) -> None:
+    """Segment and localize the trace directory TRACE_DIR in one process (no broker), with the
+    same engine as the streaming agents. Prints one block per incident (a fault: when it was
+    seen, what it names, the evidence); --verdicts for every verdict instead."""
     from .diagnose import diagnose as run
 
     res = run(trace_dir, LocalizeParams(), baseline=baseline)
     if as_json:
         out = sys.stdout.buffer
-        for v in res.verdicts + (res.baseline or []):
-            out.write(v.to_json() + b"\n")
+        records: list[Any] = list(res.verdicts) if show_verdicts else list(res.incidents)
+        for r in records + (res.baseline or []):
+            out.write(r.to_json() + b"\n")
         out.flush()
         return
     console = _console()
     console.print(f"{trace_dir}: job {res.job or '-'}, {len(res.metrics)} operator records, {res.n_events} hook events")
-    _print_verdicts(console, "pulse", res.verdicts)
+    if show_verdicts:
+        _print_verdicts(console, "pulse", res.verdicts)
+    else:
+        _print_incidents(console, res.incidents, len(res.verdicts))
     if res.baseline is not None:
         _print_verdicts(console, "baseline", res.baseline)
 

@@ -17,7 +17,7 @@ from pulse.localization import LocalizeParams, baseline_localize
 from pulse.segmentation import SegmentParams
 
 from pulse.events import HookEvent
-from pulse.records import OpMetrics, Verdict
+from pulse.records import Incident, OpMetrics, Verdict
 from pulse.samples import EpochBatch
 from pulse.trace import TraceReader
 
@@ -37,6 +37,8 @@ class DiagnoseResult:
     """The operator-level baseline's verdicts (None unless asked for)."""
     metrics: list[OpMetrics]
     n_events: int
+    incidents: list[Incident] = dataclasses.field(default_factory=list)
+    """Every incident state change (open, updated, resolved), in order."""
 
     @property
     def anomalies(self) -> list[Verdict]:
@@ -45,7 +47,8 @@ class DiagnoseResult:
     def to_dict(self) -> dict[str, Any]:
         return {"trace": self.trace, "job": self.job, "operators": len(self.metrics), "events": self.n_events,
                 "verdicts": [v.to_dict() for v in self.verdicts],
-                "baseline": None if self.baseline is None else [v.to_dict() for v in self.baseline]}
+                "baseline": None if self.baseline is None else [v.to_dict() for v in self.baseline],
+                "incidents": [i.to_dict() for i in self.incidents]}
 
 
 def run_engine(reader: TraceReader, engine: JobEngine, *, chunk_ns: int = CHUNK_NS) -> int:
@@ -85,4 +88,4 @@ def diagnose(trace_dir: str | Path, params: LocalizeParams | None = None, *, bas
     base = None
     if baseline:
         base = baseline_localize(reader.oplevel(), params, job=job)
-    return DiagnoseResult(str(trace_dir), job, engine.verdicts, base, engine.metrics, n_events)
+    return DiagnoseResult(str(trace_dir), job, engine.verdicts, base, engine.metrics, n_events, engine.incidents)

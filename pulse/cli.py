@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hooks": ("pulse.hooks.cli:hooks", "Operator-descriptor sources: build the NCCL plugin, parse logs, read rdma res."),
     "produce": ("pulse.producers.cli:produce", "Publish samples and hook events to Kafka."),
     "worker": ("pulse.streams.cli:worker", "Run the Faust worker (segment and localize agents)."),
+    "incidents": ("pulse.streams.incidents_cli:incidents", "List open and recent incidents from the incidents topic."),
     "demo": ("pulse.streams.cli:demo", "Broker + worker + a live simulated job with an anomaly; print verdicts."),
     "report": ("pulse.report:report", "Plot an anomaly (PNG + HTML) from a trace directory or InfluxDB."),
     "lab": ("pulse.lab:lab", "Real torch.distributed traffic in network namespaces with injected faults."),

@@ -95,12 +95,15 @@ def _health(s: Settings, path: Path, max_lag: int | None, max_age: float | None,
               help="Stream this trace directory instead of simulating one.")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
               help="Give up waiting for verdicts after this many seconds past the end of the stream.")
-@click.option("--json", "as_json", is_flag=True, help="JSON lines on stdout: one per verdict, then a summary.")
+@click.option("--json", "as_json", is_flag=True,
+              help="JSON lines on stdout: one per verdict and per incident state change, then a summary.")
+@click.option("--verbose", "-v", is_flag=True, help="Print every verdict, not only the incidents' state changes.")
 def demo(scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, nics_per_node: int, speed: float,
-         trace_dir: str | None, timeout_s: float, as_json: bool) -> None:
+         trace_dir: str | None, timeout_s: float, as_json: bool, verbose: bool) -> None:
     """The whole pipeline on this machine: the embedded broker (unless PULSE_BROKER is set), a
-    worker, and a live simulated job with an anomaly. Prints each verdict as it arrives with
-    the time from the end of the first anomalous operator to the verdict, then stops.
+    worker, and a live simulated job with an anomaly. Prints each incident (open, updated,
+    resolved) as it arrives with the time from the end of the first anomalous operator to
+    it (every verdict with --verbose), then a one-line summary, and stops.
     The job is streamed on the wall clock (its timestamps moved by one offset, so it runs
     now). Writes to InfluxDB too when PULSE_INFLUX_URL is set."""
     from .demo import DemoConfig, run_demo
@@ -109,11 +112,6 @@ def demo(scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, n
         raise ConfigError(f"--speed {speed}: must be > 0")
     cfg = DemoConfig(scenario=scenario, seed=seed, steps=steps, nodes=nodes, gpus_per_node=gpus_per_node,
                      nics_per_node=nics_per_node, speed=speed, trace_dir=trace_dir, timeout_s=timeout_s,
-                     as_json=as_json)
-    summary = run_demo(Settings.from_env(), cfg)
-    if not as_json:
-        lat = summary.get("latency_s")
-        click.echo(f"{summary['verdicts']} verdicts ({summary['anomalies']} anomalies); "
-                   + (f"diagnosis latency {lat:.3f} s" if lat is not None else "no anomaly verdict")
-                   + f"; {summary['batches']} batches streamed", err=True)
+                     as_json=as_json, verbose=verbose)
+    run_demo(Settings.from_env(), cfg)
     sys.stdout.flush()

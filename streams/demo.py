@@ -2,8 +2,9 @@
 
 The simulator computes a whole run at once, so the job is simulated first and then
 streamed through the producer paced by its own timestamps (real time by default): the
-worker sees what it would see from a live 64-GPU job. Each verdict is printed as it
-arrives, with the diagnosis latency: wall time of the verdict minus the wall time at which
+worker sees what it would see from a live 64-GPU job. Each incident state change (open,
+updated, resolved) is printed as it arrives (every verdict with ``verbose``), with the
+diagnosis latency: wall time of the incident (or verdict) minus the wall time at which
 the first anomalous operator ended in the stream. That operator is taken from the
 simulator's ground truth (the earliest end, after the onset, of an operator on a culprit
 node); only this measurement reads the truth, never the pipeline.
@@ -52,6 +53,8 @@ class DemoConfig:
     as_json: bool = False
     quiet_s: float = 3.0
     echo: bool = True
+    verbose: bool = False
+    """Print every verdict, not only the incidents' state changes."""
 
 
 def first_anomalous_end_ns(truth: dict[str, Any]) -> int | None:
@@ -64,7 +67,8 @@ def first_anomalous_end_ns(truth: dict[str, Any]) -> int | None:
     seg = truth.get("segments") or {}
     best = None
     for node, end in zip(seg.get("node", []), seg.get("end_ns", []), strict=False):
-        if node in culprits and end > onset + int(offsets.get(node, 0)):
+        # an operator that never ended (a dead NIC, a hung rank) has no end
+        if node in culprits and end is not None and end > onset + int(offsets.get(node, 0)):
             best = end if best is None else min(best, end)
     return best
 
@@ -133,6 +137,12 @@ async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = RE
                        + (f" (log {log_path})" if log_path else ""))
 
 
+def _incident_text(i: dict[str, Any]) -> str:
+    state = str(i.get("state", "")).upper()
+    tail = f" ({i.get('resolution')})" if i.get("state") == "resolved" and i.get("resolution") else ""
+    return f"{state} {i.get('summary', '')}{tail}"
+
+
 def _describe(v: dict[str, Any]) -> str:
     if v.get("status") == "anomaly":
         return (f"ANOMALY {v.get('kind')} at {v.get('level')} level: {', '.join(v.get('nodes') or [])}"
@@ -154,9 +164,11 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
     anomaly_end = first_anomalous_end_ns(truth)
     await ensure_topics(bootstrap, settings, timeout_s=30.0)
     log_path = workdir / "worker.log"
-    say(f"starting the worker (log {log_path})...")
+    say(f"starting the worker on the broker at {bootstrap} (log {log_path})...")
     proc = start_worker(settings, bootstrap, log_path)
     results: list[dict[str, Any]] = []
+    incidents: list[dict[str, Any]] = []
+    timeline: list[dict[str, Any]] = []
     clock = ReplayClock(cfg.speed)
     try:
         await wait_worker_ready(bootstrap, settings.topics.pipeline, proc=proc, log_path=log_path,
@@ -166,8 +178,8 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         cons = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
                                 fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
         await cons.start()
-        parts = sorted(cons.partitions_for_topic(settings.topics.verdicts) or {0})
-        tps = [TopicPartition(settings.topics.verdicts, p) for p in parts]
+        tps = [TopicPartition(topic, p) for topic in (settings.topics.verdicts, settings.topics.incidents)
+               for p in sorted(cons.partitions_for_topic(topic) or {0})]
         cons.assign(tps)
         await cons.seek_to_end(*tps)
         for tp in tps:
@@ -193,7 +205,6 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
             done.set()
 
         task = asyncio.create_task(stream())
-        timeline: list[dict[str, Any]] = []
         worker_batches = 0
         localize_idle = False
         last_change = time.monotonic()
@@ -201,21 +212,23 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         while True:
             got = await cons.getmany(*tps, timeout_ms=100)
             now = time.time()
-            for msgs in got.values():
+            for tp, msgs in got.items():
                 for m in msgs:
                     v = orjson.loads(m.value)
+                    is_incident = tp.topic == settings.topics.incidents
                     lat = None
-                    if anomaly_end is not None and v.get("status") == "anomaly":
+                    if anomaly_end is not None and (v.get("status") == "anomaly" or v.get("state") == "open"):
                         lat = now - clock.wall_of(anomaly_end)
                     rec = {**v, "received_at": now, "latency_s": lat,
                            "stream_s": round(now - clock.t0_wall, 3)}
-                    results.append(rec)
+                    (incidents if is_incident else results).append(rec)
                     last_change = time.monotonic()
                     if cfg.as_json:
                         sys.stdout.write(orjson.dumps(rec).decode() + "\n")
                         sys.stdout.flush()
-                    else:
-                        say(f"[{rec['stream_s']:7.2f} s] {_describe(v)}"
+                    elif is_incident or cfg.verbose:
+                        text = _incident_text(v) if is_incident else _describe(v)
+                        say(f"[{rec['stream_s']:7.2f} s] {text}"
                             + (f"   diagnosis latency {lat:.3f} s" if lat is not None else ""))
             pg = await pipe.getmany(timeout_ms=0)
             for msgs in pg.values():
@@ -253,6 +266,12 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
     # The diagnosis is the first verdict naming a culprit node; earlier wrong ones are false alarms.
     right = [r for r in anomalies if culprits & set(r.get("nodes") or [])]
     lats = [r["latency_s"] for r in right if r.get("latency_s") is not None]
+    latest: dict[str, dict[str, Any]] = {}
+    for i in incidents:
+        latest[str(i.get("id"))] = i
+    opened = [i for i in incidents if i.get("state") == "open"]
+    right_inc = [i for i in opened if culprits & set(i.get("nodes") or [])]
+    lags = [max(float(t.get("lag_ms_segment") or 0), float(t.get("lag_ms_localize") or 0)) for t in timeline]
     return {
         "type": "demo-summary", "scenario": truth.get("scenario", cfg.scenario), "verdicts": len(results),
         "anomalies": len(anomalies), "first_anomaly": anomalies[0] if anomalies else None,
@@ -263,6 +282,9 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         "published_s": published.get("published_s"), "time_offset_ns": clock.offset_ns,
         "worker_batches": worker_batches, "publisher": stats, "worker_log": str(log_path),
         "worker_timeline": timeline,
+        "incidents": list(latest.values()),
+        "incident_latency_s": right_inc[0].get("latency_s") if right_inc else None,
+        "worker_lag_max_s": round(max(lags) / 1000, 3) if lags else None,
     }
 
 
@@ -291,7 +313,6 @@ def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
             broker = EmbeddedBroker(log_path=workdir / "tansu.log")
             broker.start()
             bootstrap = broker.bootstrap
-            say(f"embedded broker at {bootstrap}")
         try:
             summary = asyncio.run(_demo(settings, cfg, bootstrap, trace, workdir))
         finally:
@@ -300,4 +321,20 @@ def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
         summary["worker_log"] = None  # removed with the temporary directory
     if cfg.as_json:
         sys.stdout.write(orjson.dumps(summary).decode() + "\n")
+    else:
+        say(final_line(summary))
     return summary
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """The demo's last word: what was found, how fast, and how far behind the worker was."""
+    incs = summary.get("incidents") or []
+    lag = summary.get("worker_lag_max_s")
+    lag_s = f"; the worker lagged the live stream by at most {lag:.2f} s" if lag is not None else ""
+    if not incs:
+        return f"no incident ({summary.get('verdicts', 0)} verdicts, none anomalous){lag_s}"
+    first = min(incs, key=lambda i: int(i.get("first_seen_ns") or 0))
+    more = f" (+{len(incs) - 1} more incident{'s' if len(incs) > 2 else ''})" if len(incs) > 1 else ""
+    lat = summary.get("incident_latency_s")
+    lat_s = f"; diagnosed {lat:.2f} s after the first anomalous operator ended" if lat is not None else ""
+    return f"culprit: {first.get('summary')}{more}{lat_s}{lag_s}"
