@@ -256,7 +256,8 @@ class SegmentState:
                    out: Output) -> None:
         for c in comms:
             self._job_of(c.node, c.job)
-            self._comms[(c.comm_id, c.node, c.rank)] = c
+            if c.rank is not None:  # a comm known by pointer only (v2): its rank comes later
+                self._comms[(c.comm_id, c.node, c.rank)] = c
             fwd.setdefault((c.job, c.node), []).append(c)
         for seg in list(self.nodes.values()):
             self._emit(seg.add_events(comms), out)
