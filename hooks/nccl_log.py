@@ -1,23 +1,14 @@
-"""Parse ``NCCL_DEBUG=INFO`` output (NCCL 2.18 - 2.30) into comm / op / flow hook events.
+"""Parse ``NCCL_DEBUG=INFO`` output (NCCL 2.3 - 2.30) into comm / op / flow hook events.
 
-Recognised (formats in docs/hooks.md and shared/reference/hooks-and-formats.md section 2):
-
-* ``NCCL version x.y.z``                      -> the process's NCCL version
-* ``... commId 0x... - Init COMPLETE``        -> :class:`CommEvent` (every 2.18-2.30 form,
-  plus the split forms without commId and the pre-2.18 form)
-* ``Channel 00/02 :    0   1   2   3``        -> the comm's ``rings`` (rank 0 prints them)
-* ``Trees [0] -1/-1/-1->1->0 ...``             -> the comm's ``trees``
-* ``Ring 02 : 2 -> 0 -> 1`` / ``Tree 0 : ...``  -> recognised (neighbour lists, not kept)
-* ``<Op>: opCount ... comm 0x... [nranks=n]`` -> :class:`OpEvent` (Send/Recv sharing an
-  opCount on one comm form one ``GroupP2P`` operator)
-* ``Channel 00/0 : 3[3] -> 4[0] [receive] via NET/IB/0/GDRDMA`` -> a :class:`NetChannel`
-  binding (rank, peer, channel, direction, NCCL net device) for joins (see ``rdma_res``)
-* ``NET/IB : Using [0]mlx5_0:1/RoCE ...``      -> device index -> NIC name and transport
-* ``NET/IB: ... qpn N ...`` / ``qp_num=N``     -> :class:`FlowEvent` for the local QPN (not
-  bound to a peer: NCCL does not print one there)
-
-Anything else is counted (``stats["unknown"]`` for NCCL lines, ``stats["foreign"]`` for
-other lines), never fatal.
+The line forms are in :mod:`pulse.hooks.nccl_forms` and docs/hooks.md. A COLL line of a comm
+whose init the log does not hold (a log followed from the middle of a job) still becomes an
+op event: of a comm known by its pointer, size, process and device, with no rank until a line
+names it (then the comm event is emitted again, with the rank). Send/Recv lines sharing an
+opCount on one comm form one ``GroupP2P`` operator. ``Channel ... via NET/...`` lines become
+:class:`NetChannel` bindings for joins (see ``rdma_res``); ``NET/IB`` QPN lines become flow
+events for the local QPN. Anything else is counted in ``stats``, never fatal; a line that
+cannot be read whole (cut by wrapping, two processes' output run together) is counted as
+``garbled`` and never guessed at.
 """
 
 from __future__ import annotations
@@ -31,38 +22,36 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pulse.hooks.nccl_forms import (
+    _BAD_NAME,
+    _CHANNEL,
+    _COLL,
+    _COLL_KINDS,
+    _COLL_START,
+    _END,
+    _INIT,
+    _NETIB_DEV,
+    _NETIB_USING,
+    _PREFIX,
+    _QPN_FORMS,
+    _RANK_INFO,
+    _RING_NEIGH,
+    _RING_ORDER,
+    _STAMP,
+    _TREE_GRAPH,
+    _TREE_ITEM,
+    _TREE_ITEM_OLD,
+    _TREES,
+    _TUNING,
+    _VERSION,
+    _VIA_NET,
+    NCCL_DTYPES,
+)
+
 from pulse.errors import ConfigError, PulseError
 from pulse.events import DTYPE_SIZES, CommEvent, FlowEvent, HookEvent, OpEvent
 
 SOURCE = "nccl-log"
-
-from pulse.hooks.nccl_forms import (  # noqa: F401  (NCCL_DTYPES is public here too)
-    NCCL_DTYPES,
-    _COLL_KINDS,
-    _PREFIX,
-    _VERSION,
-    _COLL,
-    _COLL_START,
-    _INIT,
-    _RANK_INFO,
-    _END,
-    _RING_ORDER,
-    _RING_NEIGH,
-    _TREE_ITEM_24,
-    _TREE_ITEM_NEW,
-    _TREES,
-    _TREE_ITEM,
-    _TREE_ITEM_OLD,
-    _TREE_GRAPH,
-    _CHANNEL,
-    _VIA_NET,
-    _NETIB_USING,
-    _NETIB_DEV,
-    _QPN_FORMS,
-    _TUNING,
-    _BAD_NAME,
-    _STAMP,
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +139,7 @@ class NcclLogParser:
             self._count("other_level")
             return
         host, pid, msg = m["host"], int(m["pid"]), m["msg"].strip()
-        if _PREFIX.search(msg) is not None:
+        if _PREFIX.search(msg) is not None or "NCCL " in line[:m.start()]:
             # Two prefixes on one line: processes wrote into each other's lines, so the
             # message may belong to either of them.
             self._count("garbled")
@@ -170,9 +159,13 @@ class NcclLogParser:
             self._count("unknown")
 
     def flush(self) -> list[HookEvent]:
-        """Emit p2p groups still open (call at end of input)."""
+        """Emit p2p groups still open (call at end of input); NET connections of processes
+        whose comm never showed up are kept, unbound (``comm_id`` None)."""
         out: list[HookEvent] = []
-        for proc in self._procs.values():
+        for (_host, pid), proc in self._procs.items():
+            pending, proc.pending_channels = proc.pending_channels, []
+            for item in pending:
+                self._bind_channel(proc, pid, *item)
             for comm in proc.comms.values():
                 self._close_group(proc, comm, out)
         return out
@@ -340,6 +333,9 @@ class NcclLogParser:
 
     def _end(self, proc: _Proc, pid: int, m: re.Match[str], out: list[HookEvent]) -> None:
         ptr = m["comm"]
+        if int(m["rank"]) >= int(m["nranks"]):
+            self._count("errors")  # an impossible line is not trusted to end anything
+            return
         self._learn(proc, pid, ptr, int(m["rank"]), int(m["nranks"]), out)
         proc.ranks.pop(ptr, None)
         if ptr in proc.comms:
