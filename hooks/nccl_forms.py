@@ -37,6 +37,12 @@ _INIT = re.compile(
 _RANK_INFO = re.compile(
     r"(?:CommRevokeAsync START )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) n[Rr]anks (?P<nranks>\d+)"
     r"(?P<rest>(?: nNodes \d+ localRanks? \d+.*| nNodes \d+ localRank \d+ cudaDev -?\d+.*)?) *$")
+# "Init START" (2.19+; a function name first from 2.21, "[Rank %d] " first from 2.29): names
+# the rank (and, unless a split, the commId) of a comm before its Init COMPLETE line.
+_INIT_START = re.compile(
+    r"(?:\[Rank \d+\] )?(?:\w+ )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
+    r"cudaDev -?\d+ nvmlDev -?\d+ busId [0-9a-fA-F]+(?: parent \S+(?: (?:splitCount|childCount) \d+)? color -?\d+ "
+    r"key -?\d+)?(?: commId 0x(?P<cid>[0-9a-fA-F]+))? ?- Init START *$")
 _END = re.compile(
     r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<cudadev>-?\d+) "
     r"busId [0-9a-fA-F]+ - (?P<what>Destroy|Abort) COMPLETE *$")

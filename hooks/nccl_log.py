@@ -30,6 +30,7 @@ from pulse.hooks.nccl_forms import (
     _COLL_START,
     _END,
     _INIT,
+    _INIT_START,
     _NETIB_DEV,
     _NETIB_USING,
     _PREFIX,
@@ -98,6 +99,8 @@ class _Proc:
     ibdevs: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
     ranks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
     """(rank, nranks) named for a comm pointer before any COLL line of it."""
+    cids: dict[str, str] = dataclasses.field(default_factory=dict)
+    """commId named for a comm pointer by an "Init START" line before any COLL line of it."""
     gen: dict[str, int] = dataclasses.field(default_factory=dict)
     """How many comms at this pointer were destroyed (a new one gets a new id)."""
     pending_channels: list[tuple[int, int, int, str, str, int, int | None]] = dataclasses.field(default_factory=list)
@@ -190,6 +193,12 @@ class NcclLogParser:
             self._count("init")
             self._init(proc, pid, m, out)
             return True
+        if msg.endswith("Init START") and (m := _INIT_START.match(msg)) is not None:
+            self._count("init_start")
+            if m["cid"] and m["comm"] not in proc.comms:
+                proc.cids[m["comm"]] = m["cid"]
+            self._learn(proc, pid, m["comm"], int(m["rank"]), int(m["nranks"]), out)
+            return True
         if (m := _RANK_INFO.match(msg)) is not None:
             self._count("rank_info")
             self._learn(proc, pid, m["comm"], int(m["rank"]), int(m["nranks"]), out)
@@ -242,6 +251,7 @@ class NcclLogParser:
         rank, nranks = int(m["rank"]), int(m["nranks"])
         comm = _Comm(comm_id=self._comm_id(proc, m, pid), rank=rank, nranks=nranks)
         proc.ranks.pop(m["comm"], None)
+        proc.cids.pop(m["comm"], None)
         if m["comm"] in proc.comms:
             self._forget(proc, m["comm"], out)
         proc.comms[m["comm"]] = comm
@@ -303,7 +313,10 @@ class NcclLogParser:
         self._count("midrun_comms")
         known = proc.ranks.pop(ptr, None)
         rank = known[0] if known is not None and known[1] == nranks and known[0] < nranks else None
-        comm = _Comm(comm_id=_local_id(proc, pid, ptr), rank=rank, nranks=nranks, ptr=ptr.lower(),
+        cid = proc.cids.pop(ptr, None)
+        # An "Init START" line gave the commId: the id every rank shares, as after Init COMPLETE.
+        comm_id = f"{int(cid, 16):#x}" if cid is not None and rank is not None else _local_id(proc, pid, ptr)
+        comm = _Comm(comm_id=comm_id, rank=rank, nranks=nranks, ptr=ptr.lower(),
                      device=dev if -1 <= dev <= 1 << 16 else None)
         proc.comms[ptr] = comm
         proc.order.append(ptr)
@@ -338,6 +351,7 @@ class NcclLogParser:
             return
         self._learn(proc, pid, ptr, int(m["rank"]), int(m["nranks"]), out)
         proc.ranks.pop(ptr, None)
+        proc.cids.pop(ptr, None)
         if ptr in proc.comms:
             self._forget(proc, ptr, out)
 

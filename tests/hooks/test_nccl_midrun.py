@@ -272,3 +272,46 @@ def test_nccl_shaped_garbage_never_raises_and_round_trips(lines: list[str]) -> N
         assert decode(e.to_json()) == e
         if isinstance(e, OpEvent) and e.rank is not None:
             assert e.rank < (e.nranks or 1 << 24)
+
+
+# ---------------------------------------------------------------- more real forms, 2.7-2.2x
+
+@pytest.mark.parametrize("name,stats,ranks", [
+    ("issue629-init-busid.log", {"init": 8}, [15, 14, 12, 8, 9, 2, 5, 4]),  # 2.8-2.15 Init, no commId
+    ("issue1814-nccl22x-ibext-init.log", {"init": 4, "channel_net": 12}, [36, 34, 32, 35]),  # 2.18-2.20
+    ("issue707-channel-net-busid.log", {"channel_net": 12}, []),  # 2.7-2.11 NET lines, busId brackets
+    ("issue1038-nccl2183-init-start.log", {"init_start": 1, "version": 1, "netib_devices": 1}, []),
+    ("issue1029-pdsh-prefix-init-start.log", {"init_start": 4, "netib_devices": 1}, []),  # "<host>: " prefix
+])
+def test_more_real_forms(name: str, stats: dict[str, int], ranks: list[int]) -> None:
+    events, parser = parse_file(FIX / name)
+    assert {k: parser.stats.get(k, 0) for k in stats} == stats
+    assert [c.rank for c in comms(events)] == ranks
+    assert parser.stats.get("garbled", 0) == 0 and parser.stats.get("errors", 0) == 0
+
+
+def test_net_channels_of_processes_without_init_are_kept_unbound() -> None:
+    _, parser = parse_file(FIX / "issue707-channel-net-busid.log")
+    assert len(parser.channels) == 12 and all(c.comm_id is None for c in parser.channels)
+    assert (0, 2, 1, "recv", 5) in {(c.rank, c.peer, c.channel, c.direction, c.netdev) for c in parser.channels}
+    _, parser = parse_file(FIX / "issue1814-nccl22x-ibext-init.log")
+    assert {(c.rank, c.peer, c.net, c.netdev) for c in parser.channels} == {(39, 47, "IBext_v8", 2),
+                                                                           (38, 6, "IBext_v8", 1)}
+
+
+def test_init_start_gives_rank_and_shared_comm_id_to_a_midrun_comm() -> None:
+    start = [x for x in (FIX / "issue1038-nccl2183-init-start.log").read_text().splitlines() if "Init START" in x]
+    events, _ = parse_lines([*start, coll("host-2:38610:38610 [0] NCCL INFO ", "0x1277bf60", 0, 1)])
+    (c,) = comms(events)
+    (o,) = ops(events)
+    assert (c.comm_id, c.rank, o.comm_id, o.rank) == ("0xbd10cc2bcb56e132", 0, "0xbd10cc2bcb56e132", 0)
+
+
+def test_init_start_forms_of_229_and_split() -> None:
+    pre = "n:1:2 [0] NCCL INFO "
+    events, parser = parse_lines([
+        pre + "[Rank 3] ncclCommInitRank comm 0x55 rank 3 nranks 4 cudaDev 0 nvmlDev 0 busId 1 commId 0x5 - Init START",
+        pre + "ncclCommSplit comm 0x56 rank 1 nranks 2 cudaDev 0 nvmlDev 0 busId 1 parent 0x55 splitCount 1 color 0 key 1- Init START",
+        coll(pre, "0x55", 0, 4), coll(pre, "0x56", 0, 2)])
+    assert parser.stats["init_start"] == 2
+    assert [(c.comm_id, c.rank) for c in comms(events)] == [("0x5", 3), ("local:n:1:0x56", 1)]
