@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pulse.hooks.follow import follow_lines
 from pulse.hooks.nccl_forms import (
     _BAD_NAME,
     _CHANNEL,
@@ -495,47 +496,9 @@ def follow_file(path: str | os.PathLike[str], parser: NcclLogParser | None = Non
     """Yield events as lines are appended to ``path`` (like ``tail -F``: a truncated or
     replaced file is read again from its start); stop after ``idle_timeout`` idle seconds."""
     parser = parser or NcclLogParser()
-    p = Path(path)
-    fh = None
-    ino = None
-    partial = ""
-    last = time.monotonic()
-    try:
-        while True:
-            if fh is None:
-                try:
-                    fh = open(p, encoding="utf-8", errors="replace")
-                    ino = os.fstat(fh.fileno()).st_ino
-                    if not from_start:
-                        fh.seek(0, os.SEEK_END)
-                except FileNotFoundError:
-                    fh = None
-            chunk = fh.read(1 << 20) if fh is not None else ""
-            if chunk:
-                last = time.monotonic()
-                lines = (partial + chunk).split("\n")
-                partial = lines.pop()
-                out: list[HookEvent] = []
-                for line in lines:
-                    parser.line(line, out)
-                yield from out
-                continue
-            try:
-                st = os.stat(p)
-                if fh is not None and (st.st_ino != ino or st.st_size < fh.tell()):
-                    fh.close()
-                    fh, partial, from_start = None, "", True
-                    continue
-            except FileNotFoundError:
-                pass
-            if idle_timeout is not None and time.monotonic() - last >= idle_timeout:
-                break
-            time.sleep(poll)
-    finally:
-        if fh is not None:
-            fh.close()
-    out = []
-    if partial:
-        parser.line(partial, out)
-    yield from out
+    for lines in follow_lines(path, poll=poll, idle_timeout=idle_timeout, from_start=from_start):
+        out: list[HookEvent] = []
+        for line in lines:
+            parser.line(line, out)
+        yield from out
     yield from parser.flush()

@@ -315,3 +315,15 @@ def test_init_start_forms_of_229_and_split() -> None:
         coll(pre, "0x55", 0, 4), coll(pre, "0x56", 0, 2)])
     assert parser.stats["init_start"] == 2
     assert [(c.comm_id, c.rank) for c in comms(events)] == [("0x5", 3), ("local:n:1:0x56", 1)]
+
+
+def test_cli_parse_log_of_a_midrun_log() -> None:
+    from click.testing import CliRunner
+
+    from pulse.cli import main
+
+    res = CliRunner().invoke(main, ["hooks", "parse-log", str(FIX / "torchtitan1369-tp-allgather.log"), "--json"])
+    assert res.exit_code == 0, res.output
+    got = [decode(x.encode()) for x in res.stdout.splitlines()]
+    assert sum(isinstance(e, OpEvent) for e in got) == 7 and sum(isinstance(e, CommEvent) for e in got) == 2
+    assert "midrun_comms=2" in res.stderr
