@@ -143,7 +143,7 @@ class NcclLogParser:
             self._count("other_level")
             return
         host, pid, msg = m["host"], int(m["pid"]), m["msg"].strip()
-        if _PREFIX.search(msg) is not None or "NCCL " in line[:m.start()]:
+        if ("NCCL " in msg and _PREFIX.search(msg) is not None) or "NCCL " in line[:m.start()]:
             # Two prefixes on one line: processes wrote into each other's lines, so the
             # message may belong to either of them.
             self._count("garbled")
