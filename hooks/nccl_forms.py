@@ -64,6 +64,8 @@ _CHANNEL = re.compile(
     r"(?P<word>Channel|Ring) (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)(?:\[(?P<sdev>[0-9a-fA-F]+)\])? -> "
     r"(?P<dst>\d+)(?:\[(?P<ddev>[0-9a-fA-F]+)\])? (?:\[(?P<dir>send|receive)\] )?via (?P<via>\S+)")
 _VIA_NET = re.compile(r"NET/(?P<net>[^/]+)/(?P<netdev>\d+)(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)")
+# 2.3: one INFO line per device, "NET/IB: [%d] %s:%d/%s " (later releases print it at TRACE).
+_NETIB_DEV_23 = re.compile(r"NET/IB: \[(?P<idx>\d+)\] (?P<name>[\w.\-]+):(?P<port>\d+)/(?P<kind>IB|RoCE) *$")
 _NETIB_USING = re.compile(r"NET/IB ?: Using")
 _NETIB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[\w.\-]+):(?P<port>\d+)/(?P<kind>IB|RoCE)")
 _QPN_FORMS = (

@@ -33,6 +33,7 @@ from pulse.hooks.nccl_forms import (
     _INIT,
     _INIT_START,
     _NETIB_DEV,
+    _NETIB_DEV_23,
     _NETIB_USING,
     _PREFIX,
     _QPN_FORMS,
@@ -431,6 +432,10 @@ class NcclLogParser:
         return False
 
     def _netib(self, proc: _Proc, pid: int, msg: str, out: list[HookEvent]) -> bool:
+        if (d := _NETIB_DEV_23.match(msg)) is not None:
+            self._count("netib_devices")
+            proc.ibdevs[int(d["idx"])] = (d["name"], "roce" if d["kind"] == "RoCE" else "ib")
+            return True
         if _NETIB_USING.match(msg):
             self._count("netib_devices")
             for d in _NETIB_DEV.finditer(msg):

@@ -282,12 +282,20 @@ def test_nccl_shaped_garbage_never_raises_and_round_trips(lines: list[str]) -> N
     ("issue707-channel-net-busid.log", {"channel_net": 12}, []),  # 2.7-2.11 NET lines, busId brackets
     ("issue1038-nccl2183-init-start.log", {"init_start": 1, "version": 1, "netib_devices": 1}, []),
     ("issue1029-pdsh-prefix-init-start.log", {"init_start": 4, "netib_devices": 1}, []),  # "<host>: " prefix
+    ("issue179-nccl237-init.log", {"netib_devices": 6}, []),  # 2.3.7 per-device NET/IB lines
+    ("issue1412-nccl22x-net-p2p-read.log", {"channel_net": 4, "channel_local": 4}, []),
 ])
 def test_more_real_forms(name: str, stats: dict[str, int], ranks: list[int]) -> None:
     events, parser = parse_file(FIX / name)
     assert {k: parser.stats.get(k, 0) for k in stats} == stats
     assert [c.rank for c in comms(events)] == ranks
     assert parser.stats.get("garbled", 0) == 0 and parser.stats.get("errors", 0) == 0
+
+
+def test_nccl_23_device_list() -> None:
+    _, parser = parse_file(FIX / "issue179-nccl237-init.log")
+    (proc,) = [p for p in parser._procs.values() if p.ibdevs]
+    assert proc.ibdevs == {0: ("mlx5_1", "ib"), 1: ("mlx5_3", "ib"), 2: ("mlx5_0", "ib"), 3: ("mlx5_2", "ib")}
 
 
 def test_net_channels_of_processes_without_init_are_kept_unbound() -> None:
