@@ -129,7 +129,8 @@ class SegmentStage:
         if comms:
             for c in comms:
                 self._note_job(c.node, c.job)
-                self._comms[(c.comm_id, c.node, c.rank)] = c
+                if c.rank is not None:  # a comm known by pointer only (v2): its rank comes later
+                    self._comms[(c.comm_id, c.node, c.rank)] = c
                 out.forward(c.job, c.node, c)
             for seg in list(self.nodes.values()):
                 self._emit(seg.add_events(comms), out)

@@ -4,8 +4,10 @@ Sources, each producing ``comm`` / ``flow`` / ``op`` hook events (:mod:`pulse.ev
 
 * :mod:`pulse.hooks.plugin_reader` - records of the NCCL profiler plugin
   (``nccl_profiler_plugin.c``, built by :func:`build_plugin`);
-* :mod:`pulse.hooks.nccl_log` - ``NCCL_DEBUG=INFO`` output;
-* :mod:`pulse.hooks.rdma_res` - ``rdma -j res show qp`` output, joined with the others;
+* :mod:`pulse.hooks.nccl_log` - ``NCCL_DEBUG=INFO`` output (NCCL 2.3 - 2.30, also followed
+  from the middle of a job);
+* :mod:`pulse.hooks.rdma_res` - ``rdma res show qp`` output in any form, joined with the
+  others, and ``rdma statistic qp show`` counters;
 * ``torch_injection/sitecustomize.py`` - torch.distributed calls (see :func:`torch_injection_dir`).
 """
 

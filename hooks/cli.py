@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from pulse.errors import ConfigError
+from pulse.errors import ConfigError, DecodeError
 from pulse.events import HookEvent
 
 
@@ -78,6 +78,25 @@ def parse_log(file: str, follow: bool, idle_exit: float | None, as_json: bool, j
     _summary(file, counts, {**parser.stats, "net_channels": len(parser.channels)})
 
 
+def _read_input(file: str) -> bytes:
+    if file == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(file).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{file}: cannot read ({exc.strerror})") from None
+
+
+def _flag(file: str, malformed: list[str], notes: list[str], readable: int) -> None:
+    """Malformed records go to stderr one per line; nothing readable at all is an error."""
+    for line in malformed:
+        click.echo(f"malformed: {line}", err=True)
+    for line in notes:
+        click.echo(f"note: {line}", err=True)
+    if malformed and not readable:
+        raise DecodeError(f"{file}: no record could be read ({malformed[0]})")
+
+
 @hooks.command("rdma-res")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--node", required=True, help="Node the output was taken on.")
@@ -87,26 +106,47 @@ def parse_log(file: str, follow: bool, idle_exit: float | None, as_json: bool, j
               help="NCCL log of this node: bind QPs to NET connections where that is unambiguous.")
 @click.option("--json", "as_json", is_flag=True, help="Print flow events as JSON lines on stdout.")
 def rdma_res(file: str, node: str, job: str, pids: tuple[int, ...], logs: tuple[str, ...], as_json: bool) -> None:
-    """Read `rdma -j res show qp` output (FILE or - for stdin) into flow events."""
-    from pulse.hooks.nccl_log import parse_file
-    from pulse.hooks.rdma_res import flows_from_rdma, join_flows, parse_rdma_qp
+    """Read `rdma res show qp` output (FILE or - for stdin) into flow events.
 
-    if file == "-":
-        raw = sys.stdin.buffer.read()
-    else:
-        try:
-            raw = Path(file).read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"{file}: cannot read ({exc.strerror})") from None
-    qps = parse_rdma_qp(raw, where=file)
-    flows = flows_from_rdma(qps, node=node, job=job, pids=pids or None)
+    Any form: plain text (the default), -j, -jp, and the broken JSON some releases print
+    with -jp -dd. Records that cannot be read are listed on stderr, never guessed at;
+    QPs that are not flows (UD, GSI, unconnected RC...) are counted."""
+    from pulse.hooks.nccl_log import parse_file
+    from pulse.hooks.rdma_res import flows_from_rdma, join_flows, read_rdma_qp
+
+    got = read_rdma_qp(_read_input(file), where=file)
+    _flag(file, got.malformed, got.notes, len(got.qps))
+    skipped: dict[str, int] = {}
+    flows = flows_from_rdma(got.qps, node=node, job=job, pids=pids or None, skipped=skipped)
     channels = []
     for log in logs:
         _, parser = parse_file(log, job=job, node=node)
         channels.extend(parser.channels)
     flows = join_flows(flows, channels=channels)
     counts = _emit(flows, as_json)
-    _summary(file, counts, {"qps": len(qps), "bound": sum(f.bound for f in flows)})
+    _summary(f"{file} ({got.form})", counts, {"qps": len(got.qps), "bound": sum(f.bound for f in flows),
+                                              "malformed": len(got.malformed),
+                                              **{f"skipped_{k}": v for k, v in skipped.items()}})
+
+
+@hooks.command("rdma-stat")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object per counter set on stdout.")
+def rdma_stat(file: str, as_json: bool) -> None:
+    """Read `rdma statistic qp show` output (FILE or - for stdin): per-QP counters where the
+    NIC binds QPs to counter sets (`rdma statistic qp set link DEV/PORT auto ...`)."""
+    import dataclasses
+
+    import orjson
+    from pulse.hooks.rdma_res import read_rdma_stat_qp
+
+    sets, bad = read_rdma_stat_qp(_read_input(file), where=file)
+    _flag(file, bad, [], len(sets))
+    for c in sets:
+        if as_json:
+            sys.stdout.buffer.write(orjson.dumps(dataclasses.asdict(c)) + b"\n")
+    click.echo(f"{file}: {len(sets)} counter set(s), {sum(len(c.lqpns) == 1 for c in sets)} bound to one QP"
+               + (f", {len(bad)} malformed" if bad else ""), err=True)
 
 
 @hooks.command("read-plugin")

@@ -1,28 +1,20 @@
-"""Parse ``NCCL_DEBUG=INFO`` output (NCCL 2.18 - 2.30) into comm / op / flow hook events.
+"""Parse ``NCCL_DEBUG=INFO`` output (NCCL 2.3 - 2.30) into comm / op / flow hook events.
 
-Recognised (formats in docs/hooks.md and shared/reference/hooks-and-formats.md section 2):
-
-* ``NCCL version x.y.z``                      -> the process's NCCL version
-* ``... commId 0x... - Init COMPLETE``        -> :class:`CommEvent` (every 2.18-2.30 form,
-  plus the split forms without commId and the pre-2.18 form)
-* ``Channel 00/02 :    0   1   2   3``        -> the comm's ``rings`` (rank 0 prints them)
-* ``Trees [0] -1/-1/-1->1->0 ...``             -> the comm's ``trees``
-* ``Ring 02 : 2 -> 0 -> 1`` / ``Tree 0 : ...``  -> recognised (neighbour lists, not kept)
-* ``<Op>: opCount ... comm 0x... [nranks=n]`` -> :class:`OpEvent` (Send/Recv sharing an
-  opCount on one comm form one ``GroupP2P`` operator)
-* ``Channel 00/0 : 3[3] -> 4[0] [receive] via NET/IB/0/GDRDMA`` -> a :class:`NetChannel`
-  binding (rank, peer, channel, direction, NCCL net device) for joins (see ``rdma_res``)
-* ``NET/IB : Using [0]mlx5_0:1/RoCE ...``      -> device index -> NIC name and transport
-* ``NET/IB: ... qpn N ...`` / ``qp_num=N``     -> :class:`FlowEvent` for the local QPN (not
-  bound to a peer: NCCL does not print one there)
-
-Anything else is counted (``stats["unknown"]`` for NCCL lines, ``stats["foreign"]`` for
-other lines), never fatal.
+The line forms are in :mod:`pulse.hooks.nccl_forms` and docs/hooks.md. A COLL line of a comm
+whose init the log does not hold (a log followed from the middle of a job) still becomes an
+op event: of a comm known by its pointer, size, process and device, with no rank until a line
+names it (then the comm event is emitted again, with the rank). Send/Recv lines sharing an
+opCount on one comm form one ``GroupP2P`` operator. ``Channel ... via NET/...`` lines become
+:class:`NetChannel` bindings for joins (see ``rdma_res``); ``NET/IB`` QPN lines become flow
+events for the local QPN. Anything else is counted in ``stats``, never fatal; a line that
+cannot be read whole (cut by wrapping, two processes' output run together) is counted as
+``garbled`` and never guessed at.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 import time
@@ -30,59 +22,39 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pulse.hooks.follow import follow_lines
+from pulse.hooks.nccl_forms import (
+    _BAD_NAME,
+    _CHANNEL,
+    _COLL,
+    _COLL_KINDS,
+    _COLL_START,
+    _END,
+    _INIT,
+    _INIT_START,
+    _NETIB_DEV,
+    _NETIB_DEV_23,
+    _NETIB_USING,
+    _PREFIX,
+    _QPN_FORMS,
+    _RANK_INFO,
+    _RING_NEIGH,
+    _RING_ORDER,
+    _STAMP,
+    _TREE_GRAPH,
+    _TREE_ITEM,
+    _TREE_ITEM_OLD,
+    _TREES,
+    _TUNING,
+    _VERSION,
+    _VIA_NET,
+    NCCL_DTYPES,
+)
+
 from pulse.errors import ConfigError, PulseError
 from pulse.events import DTYPE_SIZES, CommEvent, FlowEvent, HookEvent, OpEvent
 
 SOURCE = "nccl-log"
-
-# ncclDataType_t values as printed by COLL lines ("datatype %d").
-NCCL_DTYPES = ("int8", "uint8", "int32", "uint32", "int64", "uint64", "float16", "float32", "float64",
-               "bfloat16", "float8e4m3", "float8e5m2")
-_COLL_KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce")
-
-_PREFIX = re.compile(
-    r"(?P<host>[^\s:\[\]]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>-?\d+)\] (?:.*? )?NCCL "
-    r"(?P<level>INFO|WARN|TRACE|ABORT)(?: (?P<msg>.*))?$")
-_VERSION = re.compile(r"NCCL version (?P<ver>\d+\.\d+\.\d+)(?P<suffix>\S*)")
-_COLL = re.compile(
-    r"(?P<op>\w+): opCount (?P<opc>[0-9a-fA-F]+) sendbuff (?P<sb>\S+) recvbuff (?P<rb>\S+) count (?P<count>\d+) "
-    r"datatype (?P<dt>\d+) op (?P<redop>\d+) root (?P<root>-?\d+) comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) "
-    r"\[nranks=(?P<nranks>\d+)\]")
-_INIT = re.compile(
-    r"(?:(?P<fn>\w+) )?comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) "
-    r"cudaDev (?P<cudadev>-?\d+)(?: nvmlDev (?P<nvml>-?\d+))? busId (?P<bus>[0-9a-fA-F]+)"
-    r"(?: parent (?P<parent>0x[0-9a-fA-F]+|\(nil\))(?: (?:splitCount|childCount) (?P<splitn>\d+))?"
-    r" color (?P<color>-?\d+) key (?P<key>-?\d+))?"
-    r"(?: commId 0x(?P<cid>[0-9a-fA-F]+))? - Init COMPLETE")
-_INIT_INFO = re.compile(r"comm 0x[0-9a-fA-F]+ rank \d+ nRanks \d+ nNodes \d+ localRanks \d+ localRank \d+")
-_RING_ORDER = re.compile(r"Channel (?P<ch>\d+)/(?P<nch>\d+) :(?P<ranks>(?: +\d+)*)(?P<trunc> *\.\.\.)? *$")
-_RING_NEIGH = re.compile(r"Ring (?P<ch>\d+) : (?P<prev>-?\d+) -> (?P<rank>\d+) -> (?P<next>-?\d+)")
-_TREES = re.compile(r"Trees(?P<body>(?: \[\d+\] -?\d+/-?\d+/-?\d+->-?\d+->-?\d+)+)")
-_TREE_ITEM = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(-?\d+)->(-?\d+)")
-_TREE_GRAPH = re.compile(r"Tree \d+ : -?\d+ -> -?\d+ -> -?\d+/-?\d+/-?\d+")
-_CHANNEL = re.compile(
-    r"Channel (?P<ch>\d+)(?:/(?P<conn>\d+))? : (?P<src>\d+)\[(?P<sdev>[0-9a-fA-F]+)\] -> "
-    r"(?P<dst>\d+)\[(?P<ddev>[0-9a-fA-F]+)\] (?:\[(?P<dir>send|receive)\] )?via (?P<via>\S+)")
-_VIA_NET = re.compile(r"NET/(?P<net>[^/]+)/(?P<netdev>\d+)(?:\((?P<proxy>\d+)\))?(?P<flags>\S*)")
-_NETIB_USING = re.compile(r"NET/IB ?: Using")
-_NETIB_DEV = re.compile(r"\[(?P<idx>\d+)\](?P<name>[\w.\-]+):(?P<port>\d+)/(?P<kind>IB|RoCE)")
-_QPN_FORMS = (
-    # 2.29+: "NET/IB: <fn>: QP created: port=%d dev=%d devName=%s ndevs=%d nmdevs=%d qp_num=%u ..."
-    re.compile(r"NET/IB: (?P<fn>\w+): QP created: port=(?P<port>\d+) dev=(?P<dev>\d+) devName=(?P<name>\S+) "
-               r"ndevs=\d+ nmdevs=\d+ qp_num=(?P<qpn>\d+)"),
-    # 2.29: "NET/IB: <fn>: <s> <d> IbDev %d Port %d qp_num %d mtu %d GID ..."
-    re.compile(r"NET/IB: (?P<fn>\w+): (?:.*? )?IbDev (?P<dev>\d+) Port (?P<port>\d+) qp_num (?P<qpn>\d+)"
-               r"(?P<rest>.*)"),
-    # 2.21-2.28: "NET/IB: <s> <d> IbDev %d Port %d qpn %d mtu %d ..." and the 2.27+ ECE line
-    re.compile(r"NET/IB: (?:.*? )?IbDev (?P<dev>\d+) Port (?P<port>\d+) qpn (?P<qpn>\d+)(?P<rest>.*)"),
-    # 2.18-2.20: "NET/IB: Dev %d Port %d qpn %d mtu %d LID %d" / "... GID %ld (%lX/%lX)"
-    re.compile(r"NET/IB: Dev (?P<dev>\d+) Port (?P<port>\d+) qpn (?P<qpn>\d+)(?P<rest>.*)"),
-)
-_TUNING = re.compile(r"(?:\w+: )?\d+ Bytes -> Algo \S+ proto \S+")
-_BAD_NAME = re.compile(r"[^A-Za-z0-9_.:@+-]")
-# NCCL_DEBUG_TIMESTAMP_FORMAT's default "[%F %T] " (2.26+, INFO only with
-# NCCL_DEBUG_TIMESTAMP_LEVELS=INFO), optionally with sub-second digits; host local time.
-_STAMP = re.compile(r"\[(?P<date>\d{4}-\d\d-\d\d)[ T_](?P<time>\d\d:\d\d:\d\d)(?:[.,](?P<frac>\d{1,9}))?\] ")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +77,12 @@ class NetChannel:
 @dataclasses.dataclass
 class _Comm:
     comm_id: str
-    rank: int
+    rank: int | None
+    """None for a comm first seen in a COLL line until a line names its rank."""
     nranks: int
+    ptr: str | None = None
+    """Set for comms learned mid-run (their comm events carry it)."""
+    device: int | None = None
     seq: int = 0
     group_opc: str | None = None
     members: list[tuple[str, str, int, int, int]] = dataclasses.field(default_factory=list)
@@ -123,6 +99,12 @@ class _Proc:
     rings_truncated: set[int] = dataclasses.field(default_factory=set)
     trees: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     ibdevs: dict[int, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    ranks: dict[str, tuple[int, int]] = dataclasses.field(default_factory=dict)
+    """(rank, nranks) named for a comm pointer before any COLL line of it."""
+    cids: dict[str, str] = dataclasses.field(default_factory=dict)
+    """commId named for a comm pointer by an "Init START" line before any COLL line of it."""
+    gen: dict[str, int] = dataclasses.field(default_factory=dict)
+    """How many comms at this pointer were destroyed (a new one gets a new id)."""
     pending_channels: list[tuple[int, int, int, str, str, int, int | None]] = dataclasses.field(default_factory=list)
 
 
@@ -154,12 +136,19 @@ class NcclLogParser:
         self._count("lines")
         m = _PREFIX.search(line.rstrip("\r\n"))
         if m is None:
-            self._count("foreign")
+            # A COLL message without its prefix is the second half of a line broken by
+            # wrapping or interleaving: which process printed it is unknowable.
+            self._count("garbled" if _COLL_START.search(line) else "foreign")
             return
         if m["level"] != "INFO" or m["msg"] is None:
             self._count("other_level")
             return
         host, pid, msg = m["host"], int(m["pid"]), m["msg"].strip()
+        if ("NCCL " in msg and _PREFIX.search(msg) is not None) or "NCCL " in line[:m.start()]:
+            # Two prefixes on one line: processes wrote into each other's lines, so the
+            # message may belong to either of them.
+            self._count("garbled")
+            return
         stamp = _STAMP.match(line)
         self.t_host_ns = _stamp_ns(stamp) if stamp is not None else self._t_default
         key = (host, pid)
@@ -167,7 +156,7 @@ class NcclLogParser:
         if proc is None:
             proc = self._procs[key] = _Proc(node=self.node or _BAD_NAME.sub("_", host)[:128] or "unknown")
         try:
-            handled = self._message(proc, pid, msg, out)
+            handled = self._message(proc, pid, int(m["dev"]), msg, out)
         except (PulseError, ValueError, OverflowError):
             self._count("errors")
             return
@@ -175,25 +164,46 @@ class NcclLogParser:
             self._count("unknown")
 
     def flush(self) -> list[HookEvent]:
-        """Emit p2p groups still open (call at end of input)."""
+        """Emit p2p groups still open (call at end of input); NET connections of processes
+        whose comm never showed up are kept, unbound (``comm_id`` None)."""
         out: list[HookEvent] = []
-        for proc in self._procs.values():
+        for (_host, pid), proc in self._procs.items():
+            pending, proc.pending_channels = proc.pending_channels, []
+            for item in pending:
+                self._bind_channel(proc, pid, *item)
             for comm in proc.comms.values():
                 self._close_group(proc, comm, out)
         return out
 
     # ---------------------------------------------------------------- messages
-    def _message(self, proc: _Proc, pid: int, msg: str, out: list[HookEvent]) -> bool:
+    def _message(self, proc: _Proc, pid: int, dev: int, msg: str, out: list[HookEvent]) -> bool:
         if (m := _COLL.match(msg)) is not None:
             self._count("coll")
-            self._coll(proc, m, out)
+            self._coll(proc, pid, dev, m, out)
             return True
-        if msg.endswith("Init COMPLETE") or " - Init COMPLETE" in msg:
-            m = _INIT.search(msg)
+        if _COLL_START.match(msg):
+            self._count("garbled")  # a COLL line cut short or run into another one
+            return True
+        if msg.endswith("COMPLETE"):
+            if (m := _END.match(msg)) is not None:
+                self._count("destroy")
+                self._end(proc, pid, m, out)
+                return True
+            m = _INIT.match(msg)
             if m is None:
                 return False
             self._count("init")
             self._init(proc, pid, m, out)
+            return True
+        if msg.endswith("Init START") and (m := _INIT_START.match(msg)) is not None:
+            self._count("init_start")
+            if m["cid"] and m["comm"] not in proc.comms:
+                proc.cids[m["comm"]] = m["cid"]
+            self._learn(proc, pid, m["comm"], int(m["rank"]), int(m["nranks"]), out)
+            return True
+        if (m := _RANK_INFO.match(msg)) is not None:
+            self._count("rank_info")
+            self._learn(proc, pid, m["comm"], int(m["rank"]), int(m["nranks"]), out)
             return True
         if (m := _CHANNEL.match(msg)) is not None:
             self._channel(proc, pid, m)
@@ -210,6 +220,9 @@ class NcclLogParser:
             for item in _TREE_ITEM.finditer(m["body"]):
                 ch, d0, d1, d2, rank, up = (int(x) for x in item.groups())
                 proc.trees[ch] = [rank, up, d0, d1, d2]
+            for item in _TREE_ITEM_OLD.finditer(m["body"]):  # 2.4: up->rank->downs
+                ch, up, rank, d0, d1, d2 = (int(x) for x in item.groups())
+                proc.trees[ch] = [rank, up, d0, d1, d2]
             return True
         if _RING_NEIGH.match(msg) or _TREE_GRAPH.match(msg):
             self._count("neighbours")
@@ -220,7 +233,7 @@ class NcclLogParser:
             self._count("version")
             proc.version = m["ver"]
             return True
-        if _INIT_INFO.match(msg) or _TUNING.match(msg):
+        if _TUNING.match(msg):
             self._count("info")
             return True
         return False
@@ -233,12 +246,16 @@ class NcclLogParser:
             # Split comms print no commId; parent id + split count + color is the same on
             # every member rank.
             return f"{parent.comm_id}.s{m['splitn'] or 0}.c{m['color']}"[:64]
-        # Nothing shared across ranks is printed (pre-2.18 lines): a process-local id.
-        return f"local:{proc.node}:{pid}:{m['comm']}"[:64]
+        # Nothing shared across ranks is printed (pre-2.16 lines): a process-local id.
+        return _local_id(proc, pid, m["comm"])
 
     def _init(self, proc: _Proc, pid: int, m: re.Match[str], out: list[HookEvent]) -> None:
         rank, nranks = int(m["rank"]), int(m["nranks"])
         comm = _Comm(comm_id=self._comm_id(proc, m, pid), rank=rank, nranks=nranks)
+        proc.ranks.pop(m["comm"], None)
+        proc.cids.pop(m["comm"], None)
+        if m["comm"] in proc.comms:
+            self._forget(proc, m["comm"], out)
         proc.comms[m["comm"]] = comm
         proc.order.append(m["comm"])
         rings = [proc.rings[ch] for ch in sorted(proc.rings)
@@ -253,10 +270,18 @@ class NcclLogParser:
         for item in pending:
             self._bind_channel(proc, pid, *item)
 
-    def _coll(self, proc: _Proc, m: re.Match[str], out: list[HookEvent]) -> None:
-        comm = proc.comms.get(m["comm"])
+    def _coll(self, proc: _Proc, pid: int, dev: int, m: re.Match[str], out: list[HookEvent]) -> None:
+        ptr, nranks = m["comm"], int(m["nranks"])
+        comm = proc.comms.get(ptr)
         if comm is None:
-            self._count("orphans")
+            if not ptr.startswith("0x") or nranks < 1:
+                self._count("errors")
+                return
+            comm = self._midrun(proc, pid, dev, ptr, nranks, out)
+        elif comm.nranks != nranks:
+            # Not the comm we know at this address (one we did not see destroyed): count
+            # it rather than attribute the op to either.
+            self._count("conflicts")
             return
         op, opc = m["op"], m["opc"]
         if op in ("Send", "Recv"):
@@ -282,6 +307,62 @@ class NcclLogParser:
                            count=count, dtype=dtype, bytes=count * DTYPE_SIZES[dtype], nranks=comm.nranks,
                            root=root if op in ("Broadcast", "Reduce") and 0 <= root < comm.nranks else None,
                            t_host_ns=self.t_host_ns, source=SOURCE))
+
+    def _midrun(self, proc: _Proc, pid: int, dev: int, ptr: str, nranks: int, out: list[HookEvent]) -> _Comm:
+        """A comm whose init the log does not hold (followed from the middle of a job, after
+        rotation, or with only COLL enabled): known by its pointer, size, process and device;
+        its rank only if a line named it already."""
+        self._count("midrun_comms")
+        known = proc.ranks.pop(ptr, None)
+        rank = known[0] if known is not None and known[1] == nranks and known[0] < nranks else None
+        cid = proc.cids.pop(ptr, None)
+        # An "Init START" line gave the commId: the id every rank shares, as after Init COMPLETE.
+        comm_id = f"{int(cid, 16):#x}" if cid is not None and rank is not None else _local_id(proc, pid, ptr)
+        comm = _Comm(comm_id=comm_id, rank=rank, nranks=nranks, ptr=ptr.lower(),
+                     device=dev if -1 <= dev <= 1 << 16 else None)
+        proc.comms[ptr] = comm
+        proc.order.append(ptr)
+        out.append(self._comm_event(proc, pid, comm))
+        return comm
+
+    def _comm_event(self, proc: _Proc, pid: int, comm: _Comm) -> CommEvent:
+        return CommEvent(job=self.job, node=proc.node, comm_id=comm.comm_id, rank=comm.rank, nranks=comm.nranks,
+                         pid=pid, ptr=comm.ptr, device=comm.device, t_host_ns=self.t_host_ns, source=SOURCE)
+
+    def _learn(self, proc: _Proc, pid: int, ptr: str, rank: int, nranks: int, out: list[HookEvent]) -> None:
+        """A line named the rank of the comm at ``ptr``: fill it in (a comm event again)."""
+        if rank >= nranks:
+            self._count("errors")
+            return
+        comm = proc.comms.get(ptr)
+        if comm is None:
+            proc.ranks[ptr] = (rank, nranks)
+            return
+        if comm.nranks != nranks or (comm.rank is not None and comm.rank != rank):
+            self._count("conflicts")
+            return
+        if comm.rank is None:
+            comm.rank = rank
+            self._count("ranks_learned")
+            out.append(self._comm_event(proc, pid, comm))
+
+    def _end(self, proc: _Proc, pid: int, m: re.Match[str], out: list[HookEvent]) -> None:
+        ptr = m["comm"]
+        if int(m["rank"]) >= int(m["nranks"]):
+            self._count("errors")  # an impossible line is not trusted to end anything
+            return
+        self._learn(proc, pid, ptr, int(m["rank"]), int(m["nranks"]), out)
+        proc.ranks.pop(ptr, None)
+        proc.cids.pop(ptr, None)
+        if ptr in proc.comms:
+            self._forget(proc, ptr, out)
+
+    def _forget(self, proc: _Proc, ptr: str, out: list[HookEvent]) -> None:
+        """The comm at ``ptr`` is gone: a later comm at the same address is another one."""
+        comm = proc.comms.pop(ptr)
+        self._close_group(proc, comm, out)
+        proc.order.remove(ptr)
+        proc.gen[ptr] = proc.gen.get(ptr, 0) + 1
 
     def _close_group(self, proc: _Proc, comm: _Comm, out: list[HookEvent]) -> None:
         members, comm.members = comm.members, []
@@ -320,6 +401,11 @@ class NcclLogParser:
         if via is None:  # P2P / SHM / CollNet: inside the node, no NIC flow
             self._count("channel_local")
             return
+        if m["dir"] is None:
+            # 2.3 printed only the receive side, untagged; no direction is written down,
+            # so the line binds nothing.
+            self._count("channel_net_untagged")
+            return
         self._count("channel_net")
         src, dst = int(m["src"]), int(m["dst"])
         direction = "recv" if m["dir"] == "receive" else "send"
@@ -346,6 +432,10 @@ class NcclLogParser:
         return False
 
     def _netib(self, proc: _Proc, pid: int, msg: str, out: list[HookEvent]) -> bool:
+        if (d := _NETIB_DEV_23.match(msg)) is not None:
+            self._count("netib_devices")
+            proc.ibdevs[int(d["idx"])] = (d["name"], "roce" if d["kind"] == "RoCE" else "ib")
+            return True
         if _NETIB_USING.match(msg):
             self._count("netib_devices")
             for d in _NETIB_DEV.finditer(msg):
@@ -371,6 +461,14 @@ class NcclLogParser:
                                  pid=pid, source=SOURCE, t_host_ns=self.t_host_ns))
             return True
         return False
+
+
+def _local_id(proc: _Proc, pid: int, ptr: str) -> str:
+    """A process-local comm id (nothing shared across ranks was printed for it)."""
+    gen = proc.gen.get(ptr, 0)
+    tail = f"{pid}:{ptr.lower()}{f'.{gen}' if gen else ''}"
+    node = proc.node if len(proc.node) + len(tail) <= 57 else hashlib.blake2b(proc.node.encode(), digest_size=6).hexdigest()
+    return f"local:{node}:{tail}"[:64]
 
 
 def _stamp_ns(m: re.Match[str]) -> int | None:
@@ -403,47 +501,9 @@ def follow_file(path: str | os.PathLike[str], parser: NcclLogParser | None = Non
     """Yield events as lines are appended to ``path`` (like ``tail -F``: a truncated or
     replaced file is read again from its start); stop after ``idle_timeout`` idle seconds."""
     parser = parser or NcclLogParser()
-    p = Path(path)
-    fh = None
-    ino = None
-    partial = ""
-    last = time.monotonic()
-    try:
-        while True:
-            if fh is None:
-                try:
-                    fh = open(p, encoding="utf-8", errors="replace")
-                    ino = os.fstat(fh.fileno()).st_ino
-                    if not from_start:
-                        fh.seek(0, os.SEEK_END)
-                except FileNotFoundError:
-                    fh = None
-            chunk = fh.read(1 << 20) if fh is not None else ""
-            if chunk:
-                last = time.monotonic()
-                lines = (partial + chunk).split("\n")
-                partial = lines.pop()
-                out: list[HookEvent] = []
-                for line in lines:
-                    parser.line(line, out)
-                yield from out
-                continue
-            try:
-                st = os.stat(p)
-                if fh is not None and (st.st_ino != ino or st.st_size < fh.tell()):
-                    fh.close()
-                    fh, partial, from_start = None, "", True
-                    continue
-            except FileNotFoundError:
-                pass
-            if idle_timeout is not None and time.monotonic() - last >= idle_timeout:
-                break
-            time.sleep(poll)
-    finally:
-        if fh is not None:
-            fh.close()
-    out = []
-    if partial:
-        parser.line(partial, out)
-    yield from out
+    for lines in follow_lines(path, poll=poll, idle_timeout=idle_timeout, from_start=from_start):
+        out: list[HookEvent] = []
+        for line in lines:
+            parser.line(line, out)
+        yield from out
     yield from parser.flush()

@@ -1,9 +1,12 @@
-"""Read ``rdma -j res show qp`` (iproute2) and turn its QPs into flow events.
+"""Read ``rdma res show qp`` (iproute2, every output form) and turn its QPs into flow events;
+read ``rdma statistic qp show`` (per-QP counters where the NIC has them).
 
-Each QP object carries ``ifname`` (the RDMA device, e.g. ``mlx5_0``), ``port``, ``lqpn``
+The forms (plain text, ``-j``, ``-jp``, the broken ``-jp -dd`` JSON of some releases) are
+read by :mod:`pulse.hooks.rdma_forms`. Each QP carries ``ifname`` (the RDMA device, e.g. ``mlx5_0``), ``port``, ``lqpn``
 (local QPN = Pulse's flow id), ``rqpn`` (the peer's QPN), ``type`` (RC, UD, GSI...),
-``state``, ``pid`` and ``comm`` (process name). Only connected (RC/UC/XRC) QPs with a QPN
-are flows. :func:`join_flows` then adds what other sources know about the same QPs:
+``state``, ``pid`` and ``comm`` (process name, or ``[module]`` for a kernel owner). Only
+connected QPs are flows: RC/UC/XRC/driver types, past INIT, with a peer QPN; the others
+are counted. :func:`join_flows` then adds what other sources know about the same QPs:
 
 * hook flow events already bound to (comm, rank, peer, channel, direction) - e.g. from the
   NCCL profiler plugin - matched on (node, nic, qpn);
@@ -22,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import orjson
+from pulse.hooks import rdma_forms
 from pulse.hooks.nccl_log import NetChannel
 
 from pulse.errors import DecodeError, EncodeError
@@ -31,6 +34,14 @@ from pulse.samples import check_name
 
 SOURCE = "rdma-res"
 FLOW_TYPES = ("RC", "UC", "XRC", "XRC_INI", "XRC_TGT", "DRIVER")
+
+
+UNCONNECTED_STATES = ("RESET", "INIT")
+# What iproute2 prints (rdma/res.c qp_types_to_str, res-qp.c qp_states_to_str): any other word
+# there means a cut or corrupted record.
+QP_TYPES = ("SMI", "GSI", "RC", "UC", "UD", "RAW_IPV6", "RAW_ETHERTYPE", "UNKNOWN", "RAW_PACKET", "XRC_INI",
+            "XRC_TGT", "DRIVER")
+QP_STATES = ("RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR", "UNKNOWN")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,68 +54,156 @@ class RdmaQp:
     state: str | None
     pid: int | None
     comm: str | None
+    """The owning process's name, or the kernel module for a kernel QP (brackets removed)."""
+    kernel: bool = False
+    """Owned by a kernel module (``comm [ib_core]`` / no pid)."""
+    pdn: int | None = None
 
 
-def _int(obj: Mapping[str, Any], key: str, where: str, required: bool = False) -> int | None:
-    v = obj.get(key)
-    if v is None:
-        if required:
-            raise DecodeError(f"{where}: missing {key!r}")
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise DecodeError(f"{where}: {key!r} must be an integer, got {v!r:.40}")
-    if v < 0:
-        raise DecodeError(f"{where}: {key!r}={v} is negative")
-    return v
+@dataclasses.dataclass
+class RdmaQpRead:
+    """Everything read from one ``rdma res show qp`` output."""
+
+    qps: list[RdmaQp]
+    form: str
+    """``text``, ``json`` or ``json-broken``."""
+    malformed: list[str]
+    """One line per record that could not be read (naming where); nothing was guessed."""
+    notes: list[str]
+    """Dropped on purpose (driver attributes) or printed by the tool in error."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RdmaQpCounters:
+    """One ``rdma statistic qp show`` counter set: the QPs bound to it and its counters."""
+
+    ifname: str
+    port: int | None
+    cntn: int
+    lqpns: tuple[int, ...]
+    pid: int | None
+    comm: str | None
+    qp_type: str | None
+    counters: dict[str, int]
+
+
+def _qp(fields: dict[str, Any], here: str, text: bool) -> RdmaQp:
+    ifname = fields.get("ifname")
+    if not isinstance(ifname, str) or not ifname:
+        raise DecodeError(f"{here}: missing or empty 'ifname'")
+    try:
+        check_name("ifname", ifname)
+    except EncodeError as exc:
+        raise DecodeError(f"{here}: {exc}") from None
+    if fields.get("lqpn") is None:
+        raise DecodeError(f"{here}: missing 'lqpn'")
+    num = {k: rdma_forms.check_int(fields, k, here, text) for k in ("lqpn", "rqpn", "port", "pid", "pdn")}
+    for k in ("lqpn", "rqpn"):
+        v = num[k]
+        if v is not None and v >= 1 << 24:
+            raise DecodeError(f"{here}: {k} {v} is not a 24-bit QP number")
+    qtype, state, comm = fields.get("type"), fields.get("state"), fields.get("comm")
+    if qtype not in QP_TYPES:
+        raise DecodeError(f"{here}: type {qtype!r:.20} is not a QP type")
+    if (state is not None or text) and state not in QP_STATES:
+        raise DecodeError(f"{here}: state {state!r:.20} is not a QP state")
+    if text and not isinstance(comm, str):
+        # iproute2 ends every QP line with its owner: a line without one was cut short.
+        raise DecodeError(f"{here}: no 'comm' (the line is incomplete)")
+    kernel = False
+    if isinstance(comm, str) and comm.startswith("[") and comm.endswith("]"):
+        comm, kernel = comm[1:-1], True
+    elif num["pid"] in (None, 0) and isinstance(comm, str) and comm:
+        kernel = "pid" not in fields or num["pid"] == 0
+    lqpn = num["lqpn"]
+    assert lqpn is not None
+    return RdmaQp(ifname=ifname, port=num["port"], lqpn=lqpn, rqpn=num["rqpn"],
+                  type=qtype, state=state if isinstance(state, str) else None,
+                  pid=num["pid"] if not kernel else None, comm=comm if isinstance(comm, str) else None,
+                  kernel=kernel, pdn=num["pdn"])
+
+
+def read_rdma_qp(raw: str | bytes, where: str = "rdma res show qp") -> RdmaQpRead:
+    """Read ``rdma res show qp`` output in any form; a record that cannot be read is listed
+    in ``malformed`` (and left out), never misread."""
+    got = rdma_forms.read(raw, where)
+    qps: list[RdmaQp] = []
+    bad: list[str] = []
+    for e in got.entries:
+        if e.fields is None:
+            bad.append(e.problem or e.where)
+            continue
+        try:
+            qps.append(_qp(e.fields, e.where, got.form == "text"))
+        except DecodeError as exc:
+            bad.append(str(exc))
+    return RdmaQpRead(qps=qps, form=got.form, malformed=bad, notes=got.notes)
 
 
 def parse_rdma_qp(raw: str | bytes, where: str = "rdma res show qp") -> list[RdmaQp]:
-    """Validate and decode ``rdma -j res show qp`` output (a JSON list of objects)."""
-    try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise DecodeError(f"{where}: not valid JSON ({exc})") from None
-    if isinstance(data, dict):  # some iproute2 builds wrap the list
-        data = data.get("qp", data.get("res", data))
-    if not isinstance(data, list):
-        raise DecodeError(f"{where}: expected a JSON list of QP objects, got {type(data).__name__}")
-    out = []
-    for i, obj in enumerate(data):
-        here = f"{where}: entry {i}"
-        if not isinstance(obj, dict):
-            raise DecodeError(f"{here}: expected an object, got {type(obj).__name__}")
-        ifname = obj.get("ifname")
-        if not isinstance(ifname, str) or not ifname:
-            raise DecodeError(f"{here}: missing or empty 'ifname'")
+    """Every QP of ``rdma res show qp`` output (any form); raises :class:`DecodeError` naming
+    the first record that cannot be read (use :func:`read_rdma_qp` to keep the others)."""
+    got = read_rdma_qp(raw, where)
+    if got.malformed:
+        raise DecodeError(got.malformed[0])
+    return got.qps
+
+
+def read_rdma_stat_qp(raw: str | bytes, where: str = "rdma statistic qp show",
+                      ) -> tuple[list[RdmaQpCounters], list[str]]:
+    """Counter sets of ``rdma statistic qp show`` (text or JSON) and the records that could
+    not be read. A set bound to one QP gives that QP's counters; one shared by several QPs
+    (auto mode groups a process's QPs) only their sum."""
+    got = rdma_forms.read(raw, where, text_record="stat")
+    out: list[RdmaQpCounters] = []
+    bad: list[str] = []
+    text = got.form == "text"
+    for e in got.entries:
+        if e.fields is None:
+            bad.append(e.problem or e.where)
+            continue
+        f = e.fields
         try:
-            check_name("ifname", ifname)
-        except EncodeError as exc:
-            raise DecodeError(f"{here}: {exc}") from None
-        lqpn = _int(obj, "lqpn", here, required=True)
-        assert lqpn is not None
-        if lqpn >= 1 << 24:
-            raise DecodeError(f"{here}: lqpn {lqpn} is not a 24-bit QP number")
-        rqpn = _int(obj, "rqpn", here)
-        if rqpn is not None and rqpn >= 1 << 24:
-            raise DecodeError(f"{here}: rqpn {rqpn} is not a 24-bit QP number")
-        qtype = obj.get("type")
-        state = obj.get("state")
-        comm = obj.get("comm")
-        out.append(RdmaQp(ifname=ifname, port=_int(obj, "port", here), lqpn=lqpn, rqpn=rqpn,
-                          type=qtype if isinstance(qtype, str) else "?",
-                          state=state if isinstance(state, str) else None, pid=_int(obj, "pid", here),
-                          comm=comm if isinstance(comm, str) else None))
-    return out
+            ifname = f.get("ifname")
+            if not isinstance(ifname, str) or not ifname:
+                raise DecodeError(f"{e.where}: missing 'ifname'")
+            cntn = rdma_forms.check_int(f, "cntn", e.where, text)
+            if cntn is None:
+                raise DecodeError(f"{e.where}: missing 'cntn'")
+            lq = f.get("lqpn", [])
+            if not isinstance(lq, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 24
+                                                   for x in lq):
+                raise DecodeError(f"{e.where}: 'lqpn' must be a list of QP numbers")
+            skip = {"ifindex", "ifname", "port", "cntn", "lqpn", "pid", "comm", "qp-type"}
+            counters = {k: rdma_forms.check_int(f, k, e.where, text) for k in f if k not in skip}
+            comm = f.get("comm")
+            out.append(RdmaQpCounters(
+                ifname=ifname, port=rdma_forms.check_int(f, "port", e.where, text), cntn=cntn, lqpns=tuple(lq),
+                pid=rdma_forms.check_int(f, "pid", e.where, text),
+                comm=comm.strip("[]") if isinstance(comm, str) else None,
+                qp_type=f["qp-type"] if isinstance(f.get("qp-type"), str) else None,
+                counters={k: v for k, v in counters.items() if v is not None}))
+        except DecodeError as exc:
+            bad.append(str(exc))
+    return out, bad
 
 
 def flows_from_rdma(qps: Iterable[RdmaQp], node: str, job: str = "", *, pids: Iterable[int] | None = None,
-                    process_names: Iterable[str] | None = None, t_host_ns: int | None = None) -> list[FlowEvent]:
-    """One unbound flow event per connected QP (optionally only some processes)."""
+                    process_names: Iterable[str] | None = None, t_host_ns: int | None = None,
+                    skipped: dict[str, int] | None = None) -> list[FlowEvent]:
+    """One unbound flow event per connected QP (optionally only some processes). QPs that
+    are not flows are counted in ``skipped`` by reason: ``type`` (UD, GSI, SMI, driver
+    QPs...), ``unconnected`` (RESET/INIT, or no peer QPN yet)."""
     want_pids = set(pids) if pids is not None else None
     want_names = set(process_names) if process_names is not None else None
+    skipped = skipped if skipped is not None else {}
     out = []
     for q in qps:
         if q.type not in FLOW_TYPES or q.lqpn == 0:
+            skipped["type"] = skipped.get("type", 0) + 1
+            continue
+        if q.state in UNCONNECTED_STATES or not q.rqpn:  # no peer QP: nothing to bind it to
+            skipped["unconnected"] = skipped.get("unconnected", 0) + 1
             continue
         if want_pids is not None and q.pid not in want_pids:
             continue

@@ -142,7 +142,7 @@ class Localizer:
                     # its own (it sends no data): remember who waits for what
                     key = (e.comm_id, e.node)
                     self._p2p_issued[key] = max(self._p2p_issued.get(key, -1), e.seq)
-                    if e.t_host_ns is not None:
+                    if e.t_host_ns is not None and e.rank is not None:
                         self._last_recv[key] = (e.seq, e.rank, e.t_host_ns)
                 continue
             self.topo.add([e])

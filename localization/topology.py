@@ -24,7 +24,7 @@ class Topology:
 
     def add(self, events: Iterable[HookEvent]) -> None:
         for e in events:
-            if isinstance(e, CommEvent):
+            if isinstance(e, CommEvent) and e.rank is not None:  # rank None: not known yet
                 self.rank_node[(e.comm_id, e.rank)] = e.node
                 self.nranks[e.comm_id] = e.nranks
                 if e.pid is not None:

@@ -32,6 +32,11 @@ class Field:
     choices: Sequence[Any] | None = None
     bounds: tuple[int | float, int | float] | None = None
     check: Callable[[Any], str | None] | None = None
+    since: int = 1
+    """First wire version ``v`` that may carry the field (an older reader would reject it)."""
+    optional_since: int | None = None
+    """Required below this wire version, optional from it (``required`` must be False):
+    a record that leaves the field out is written with at least this ``v``."""
 
 
 def _type_ok(kind: str, v: Any) -> bool:
@@ -126,11 +131,31 @@ def _defaults(cls: type) -> tuple[tuple[str, Any, bool], ...]:
     return tuple(out)
 
 
+_VERSIONED: dict[int, tuple[Sequence[Field], tuple[Field, ...]]] = {}
+
+
+def _versioned(fields: Sequence[Field]) -> tuple[Field, ...]:
+    """The fields whose presence decides a record's wire version (cached per table)."""
+    hit = _VERSIONED.get(id(fields))
+    if hit is not None and hit[0] is fields:
+        return hit[1]
+    out = tuple(f for f in fields if f.since > 1 or f.optional_since is not None)
+    if isinstance(fields, tuple):
+        _VERSIONED[id(fields)] = (fields, out)
+    return out
+
+
 class Record:
-    """Mixin for frozen dataclasses with a ``FIELDS`` table and a ``TYPE`` tag."""
+    """Mixin for frozen dataclasses with a ``FIELDS`` table and a ``TYPE`` tag.
+
+    Wire versions: a record is written with the lowest ``v`` that can carry it (``v=1``
+    unless it uses a field added later, or leaves out one that became optional later), so
+    readers of an older version keep reading every record they can understand and reject
+    the others with a clear error; a reader accepts ``v`` from 1 to ``VERSION``."""
 
     FIELDS: ClassVar[tuple[Field, ...]]
     TYPE: ClassVar[str]
+    VERSION: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         if _decoding.active:
@@ -160,8 +185,19 @@ class Record:
             raise TypeError(f"{cls.__name__}.trusted(): unknown field(s) {sorted(set(values) - set(d))}")
         return obj
 
+    def wire_version(self) -> int:
+        """The ``v`` this record is written with (see the class docstring)."""
+        v = 1
+        for f in _versioned(self.FIELDS):
+            if getattr(self, f.name) is None:
+                if f.optional_since is not None:
+                    v = max(v, f.optional_since)
+            else:
+                v = max(v, f.since)
+        return v
+
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": self.TYPE, "v": 1}
+        out: dict[str, Any] = {"type": self.TYPE, "v": self.wire_version() if _versioned(self.FIELDS) else 1}
         for f in self.FIELDS:
             v = getattr(self, f.name)
             if v is not None:
@@ -184,8 +220,14 @@ class Record:
         if body.pop("type", cls.TYPE) != cls.TYPE:
             raise DecodeError(f"{where}: type {data.get('type')!r} is not {cls.TYPE!r}")
         version = body.pop("v", None)
-        if type(version) is not int or version != 1:  # not True, not 1.0
-            raise DecodeError(f"{where}: unsupported version v={version!r} (this Pulse reads v=1)")
+        if type(version) is not int or not 1 <= version <= cls.VERSION:  # not True, not 1.0
+            reads = "v=1" if cls.VERSION == 1 else f"v=1..{cls.VERSION}"
+            raise DecodeError(f"{where}: unsupported version v={version!r} (this Pulse reads {reads})")
+        for f in _versioned(cls.FIELDS):
+            if version < f.since and f.name in body:
+                raise DecodeError(f"{where}: unknown field(s) {f.name} (in v={version}; it needs v>={f.since})")
+            if f.optional_since is not None and version < f.optional_since and body.get(f.name) is None:
+                raise DecodeError(f"{where}: missing field {f.name!r}")
         values = validate_fields(cls.FIELDS, body, where, DecodeError)
         _decoding.active = True
         try:

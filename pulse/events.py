@@ -10,6 +10,13 @@ Three record types, each an orjson object with ``type`` and ``v``:
   size, algorithm, and for grouped P2P the bytes per peer.
 
 Timestamps (``t_host_ns``) are on the clock of the node that recorded them.
+
+Wire versions: ``comm`` and ``op`` events are ``v=1`` unless their rank is unknown or the
+comm carries its process-local identity (``ptr``, ``device``); those are ``v=2``. A source
+that joins a job mid-run (an NCCL log followed from the middle) knows a communicator only
+by its pointer and size: it emits ``v=2`` events without ``rank`` and, once a line names the
+rank, a ``comm`` event for the same ``comm_id`` with it. Consumers fill the rank in then
+(:mod:`pulse.segmentation.association`); a rank is never guessed.
 """
 
 from __future__ import annotations
@@ -46,6 +53,11 @@ def _name(what: str, allow_empty: bool = False):  # type: ignore[no-untyped-def]
     return check
 
 
+def _ptr(v: str) -> str | None:
+    ok = 3 <= len(v) <= 18 and v.startswith("0x") and all(c in "0123456789abcdef" for c in v[2:])
+    return None if ok else "must be a lowercase 0x-prefixed hex address of at most 64 bits"
+
+
 def _comm_id(v: str) -> str | None:
     return None if 0 < len(v) <= 64 and v.isprintable() else "must be 1-64 printable characters"
 
@@ -57,18 +69,22 @@ class CommEvent(Record):
         Field("job", "str", check=_name("job", True)),
         Field("node", "str", check=_name("node")),
         Field("comm_id", "str", check=_comm_id),
-        Field("rank", "int", bounds=(0, 1 << 24)),
+        Field("rank", "int", required=False, optional_since=2, bounds=(0, 1 << 24)),
         Field("nranks", "int", bounds=(1, 1 << 24)),
         Field("pid", "int", required=False, bounds=NONNEG),
         Field("rings", "list[list[int]]", required=False),
         Field("trees", "list[list[int]]", required=False),
         Field("t_host_ns", "int", required=False, bounds=INT64),
         Field("source", "str", required=False),
+        Field("ptr", "str", required=False, since=2, check=_ptr),
+        Field("device", "int", required=False, since=2, bounds=(-1, 1 << 16)),
     )
+    VERSION = 2
     job: str
     node: str
     comm_id: str
-    rank: int
+    rank: int | None
+    """None (v2 only): not known yet; a later comm event with the same comm_id names it."""
     nranks: int
     pid: int | None = None
     rings: list[list[int]] | None = None
@@ -77,10 +93,14 @@ class CommEvent(Record):
     """Per channel, [rank, up, down0, down1, down2] with -1 for none."""
     t_host_ns: int | None = None
     source: str | None = None
+    ptr: str | None = None
+    """The communicator's address in its process (``comm 0x...`` in NCCL logs)."""
+    device: int | None = None
+    """The CUDA device of the rank's process (``[d]`` in NCCL log lines)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.rank >= self.nranks:
+        if self.rank is not None and self.rank >= self.nranks:
             raise DecodeError(f"comm event: rank {self.rank} >= nranks {self.nranks}")
 
 
@@ -142,7 +162,7 @@ class OpEvent(Record):
         Field("job", "str", check=_name("job", True)),
         Field("node", "str", check=_name("node")),
         Field("comm_id", "str", check=_comm_id),
-        Field("rank", "int", bounds=(0, 1 << 24)),
+        Field("rank", "int", required=False, optional_since=2, bounds=(0, 1 << 24)),
         Field("seq", "int", bounds=NONNEG),
         Field("kind", "str", choices=OP_KINDS),
         Field("count", "int", bounds=NONNEG),
@@ -161,10 +181,12 @@ class OpEvent(Record):
         Field("t_host_ns", "int", required=False, bounds=INT64),
         Field("source", "str", required=False),
     )
+    VERSION = 2
     job: str
     node: str
     comm_id: str
-    rank: int
+    rank: int | None
+    """None (v2 only): not known yet; a comm event with the same comm_id names it."""
     seq: int
     """Per (comm, rank) operator sequence number; equal across the ranks of one operator."""
     kind: str

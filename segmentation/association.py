@@ -5,6 +5,10 @@ direction) and ``op`` (kind, size, algorithm, channels, peers) hook events, comp
 (node, nic, flow) the ordered operators it carries and the bytes each one puts on it
 (docs/semantics.md "Operators and expected bytes"). A connection is (comm, rank, peer,
 channel, direction); several QPs of one connection split its bytes equally.
+
+Op events may arrive without a rank (a source that joined mid-run, ``v=2``): they are held
+until a comm event of the same (comm_id, node) names exactly one rank (:class:`RankFiller`),
+then treated like any other; a rank is never guessed.
 """
 
 from __future__ import annotations
@@ -63,15 +67,33 @@ class Association:
     """Conflicting duplicate op events (the first one wins)."""
     ambiguous_algo: int = 0
     """Operators with algo unknown where both ring and tree patterns were possible."""
+    unranked: list[OpEvent] = dataclasses.field(default_factory=list)
+    """Op events whose rank no comm event has named yet (see :meth:`add_comms`)."""
 
     _ctx: Any = dataclasses.field(default=None, repr=False, compare=False)
+    _filler: Any = dataclasses.field(default=None, repr=False, compare=False)
+
+    def add_comms(self, comms: Iterable[CommEvent]) -> list[OpKey]:
+        """Take comm events that name ranks learned late (re-emitted by a source that joined
+        mid-run): the held ops of those comms get their rank and are added; returns the keys
+        of those that have no visible send flow."""
+        filler = self._filler if self._filler is not None else RankFiller()
+        self._filler = filler
+        released = [e for e in filler.feed(list(comms)) if isinstance(e, OpEvent)]
+        self.unranked = filler.held()
+        return self.add_ops(released) if released else []
 
     def add_ops(self, ops: Iterable[OpEvent]) -> list[OpKey]:
         """Add op descriptors to an existing association (same bindings and comms);
         returns the keys of those that have no visible send flow."""
         ranks, comms = self._ctx
-        without = []
-        for op in sorted(ops, key=lambda o: (o.comm_id, o.rank, o.seq)):
+        filler = self._filler if self._filler is not None else RankFiller()
+        self._filler = filler
+        ranked = [e for e in filler.feed(list(ops)) if isinstance(e, OpEvent) and e.rank is not None]
+        self.unranked = filler.held()
+        without: list[OpKey] = []
+        for op in sorted(ranked, key=lambda o: (o.comm_id, o.rank, o.seq)):
+            assert op.rank is not None
             key = (op.comm_id, op.rank, op.seq)
             if key in self.ops:
                 continue
@@ -108,6 +130,53 @@ class Association:
 
     def flow_issue_times(self, key: FlowKey) -> np.ndarray:
         return self.flow_issue.get(key, np.zeros(0, np.int64))
+
+
+class RankFiller:
+    """Holds op events without a rank until a comm event of the same (comm_id, node) names
+    exactly one rank, then releases them with it. Sources that join a job mid-run know a
+    comm by its pointer first and its rank only later (or never)."""
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self.limit = limit
+        self.dropped = 0
+        """Held ops dropped because more than ``limit`` were waiting."""
+        self._named: dict[tuple[str, str], set[int]] = defaultdict(set)
+        self._held: dict[tuple[str, str], list[OpEvent]] = defaultdict(list)
+        self._n = 0
+
+    def rank_of(self, comm_id: str, node: str) -> int | None:
+        named = self._named.get((comm_id, node))
+        return next(iter(named)) if named is not None and len(named) == 1 else None
+
+    def feed(self, events: Iterable[CommEvent | FlowEvent | OpEvent]) -> list[CommEvent | FlowEvent | OpEvent]:
+        """The events to process now, in order: ops with a known rank (filled in where it
+        was unknown), every comm and flow event, and the held ops a comm event released."""
+        out: list[CommEvent | FlowEvent | OpEvent] = []
+        for ev in events:
+            if isinstance(ev, OpEvent) and ev.rank is None:
+                rank = self.rank_of(ev.comm_id, ev.node)
+                if rank is not None:
+                    out.append(dataclasses.replace(ev, rank=rank))
+                elif self._n < self.limit:
+                    self._held[(ev.comm_id, ev.node)].append(ev)
+                    self._n += 1
+                else:
+                    self.dropped += 1
+                continue
+            out.append(ev)
+            if isinstance(ev, CommEvent) and ev.rank is not None:
+                key = (ev.comm_id, ev.node)
+                self._named[key].add(ev.rank)
+                rank = self.rank_of(*key)
+                if rank is not None and key in self._held:
+                    ops = self._held.pop(key)
+                    self._n -= len(ops)
+                    out.extend(dataclasses.replace(op, rank=rank) for op in ops)
+        return out
+
+    def held(self) -> list[OpEvent]:
+        return [op for ops in self._held.values() for op in ops]
 
 
 @dataclasses.dataclass
@@ -206,6 +275,7 @@ class _Rank:
 
 
 def _infer_algo(op: OpEvent, rk: _Rank) -> tuple[str, bool]:
+    assert op.rank is not None
     if op.algo in ("ring", "tree"):
         return op.algo, False
     if op.kind != "AllReduce":
@@ -217,6 +287,7 @@ def _infer_algo(op: OpEvent, rk: _Rank) -> tuple[str, bool]:
 
 
 def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], list[int], bool]:
+    assert op.rank is not None
     S = op.bytes
     kind = op.kind
     if kind in ("Send", "Recv"):
@@ -267,6 +338,8 @@ def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], 
 
 
 def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
+    if op.rank is None:
+        return None  # held by a RankFiller until its rank is named
     rk = ranks.get((op.comm_id, op.rank)) or _Rank({}, None)
     comm = comms.get((op.comm_id, op.rank))
     nranks = op.nranks or (comm.nranks if comm else 1)
@@ -280,6 +353,8 @@ def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
 
 def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
     """Bind flows to operators (pure: no traffic is read)."""
+    filler = RankFiller()
+    events = filler.feed(events)
     comms: dict[tuple[str, int], CommEvent] = {}
     bindings: dict[FlowKey, FlowEvent] = {}
     unbound: dict[FlowKey, None] = {}
@@ -287,6 +362,8 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
     duplicates = 0
     for ev in events:
         if isinstance(ev, CommEvent):
+            if ev.rank is None:
+                continue  # a comm known by its pointer only: its ops are held by the filler
             prev = comms.get((ev.comm_id, ev.rank))
             # Later comm events may add topology (rings/trees) learned after init.
             if prev is None or (ev.rings or ev.trees):
@@ -299,6 +376,7 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
             elif key not in bindings:
                 unbound[key] = None
         elif isinstance(ev, OpEvent):
+            assert ev.rank is not None  # the filler holds the others
             okey = (ev.comm_id, ev.rank, ev.seq)
             prev_op = ops.get(okey)
             if prev_op is None:
@@ -338,4 +416,4 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
     flow_issue = {f: np.array([x[2] for x in lst], np.int64) for f, lst in per_flow.items()}
     return Association(bindings=bindings, flow_ops=flow_ops, flow_issue=flow_issue, ops=infos, unbound=sorted(unbound),
                        ops_without_flows=without, duplicates=duplicates, ambiguous_algo=ambiguous_total,
-                       _ctx=(ranks, comms))
+                       unranked=filler.held(), _ctx=(ranks, comms), _filler=filler)

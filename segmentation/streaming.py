@@ -26,7 +26,7 @@ from collections.abc import Iterable
 
 import numpy as np
 from pulse.segmentation import metrics as _metrics
-from pulse.segmentation.association import NO_TIME, FlowKey, OpInfo, OpKey, _op_info, associate
+from pulse.segmentation.association import NO_TIME, FlowKey, OpInfo, OpKey, RankFiller, _op_info, associate
 from pulse.segmentation.kernel import COMPLETE, FAR, OPEN, TX_MASK, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams
 from pulse.segmentation.rows import NicClock, batch_rows, merge_sorted
@@ -145,6 +145,8 @@ class NodeSegmenter:
         self.params = params or SegmentParams()
         self.stats = StreamStats()
         self._comms: list[CommEvent] = []
+        self._rank_filler = RankFiller(limit=self.params.max_pending_ops)
+        """Holds ops without a rank until a comm event names it (sources joined mid-run)."""
         self._flow_events: dict[FlowKey, FlowEvent] = {}
         self._ops: dict[OpKey, OpEvent] = {}
         self._frontier: dict[tuple[str, int], int] = {}
@@ -274,7 +276,7 @@ class NodeSegmenter:
         operators that the new descriptors allowed to close."""
         changed = topology = False
         moved: set[tuple[str, int]] = set()
-        for ev in events:
+        for ev in self._rank_filler.feed(events):
             if isinstance(ev, CommEvent):
                 self._comms.append(ev)
                 changed = topology = True
@@ -313,12 +315,16 @@ class NodeSegmenter:
     def _compact_comms(self) -> None:
         keep: dict[tuple[str, int], CommEvent] = {}
         for c in self._comms:
+            if c.rank is None:
+                continue  # pointer-only comms matter to the rank filler, not to association
             prev = keep.get((c.comm_id, c.rank))
             if prev is None or c.rings or c.trees:
                 keep[(c.comm_id, c.rank)] = c
         self._comms = list(keep.values())
 
     def _add_op(self, ev: OpEvent, moved: set[tuple[str, int]]) -> bool:
+        if ev.rank is None:
+            return False  # the rank filler releases it once its rank is named
         cr = (ev.comm_id, ev.rank)
         front = self._frontier.get(cr)
         if front is None:

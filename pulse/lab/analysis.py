@@ -86,7 +86,7 @@ def job_comm(events: list[Any], n_ranks: int) -> str:
     """The process group every rank is in (the job's WORLD)."""
     members: dict[str, set[int]] = defaultdict(set)
     for e in events:
-        if isinstance(e, CommEvent) and e.nranks == n_ranks:
+        if isinstance(e, CommEvent) and e.nranks == n_ranks and e.rank is not None:
             members[e.comm_id].add(e.rank)
     full = [c for c, m in members.items() if len(m) == n_ranks]
     if not full:
@@ -102,7 +102,8 @@ def first_seq_after_warmup(ops: list[OpEvent], step_end_ns: dict[int, list[int]]
     first = 0
     by_rank: dict[int, list[OpEvent]] = defaultdict(list)
     for o in ops:
-        by_rank[o.rank].append(o)
+        if o.rank is not None:
+            by_rank[o.rank].append(o)
     for rank, lst in by_rank.items():
         ends = step_end_ns.get(rank) or []
         if len(ends) < warmup_steps:
@@ -153,7 +154,7 @@ def prepare_trace(inp: LabInput, out: Path, *, epoch_ns: int = DEFAULT_EPOCH_NS,
     comm_id = job_comm(events, n)
     ops = [e for e in events if isinstance(e, OpEvent) and e.comm_id == comm_id]
     first = first_seq_after_warmup(ops, inp.step_end_ns, warmup_steps)
-    cut = {inp.ranks[o.rank]: int(o.t_host_ns or 0) for o in ops if o.seq == first}
+    cut = {inp.ranks[o.rank]: int(o.t_host_ns or 0) for o in ops if o.seq == first and o.rank is not None}
     if len(cut) != n:
         raise TraceError(f"operator seq {first} is missing on some ranks: {sorted(cut)}")
 

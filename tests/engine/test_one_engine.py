@@ -117,7 +117,7 @@ def test_the_fixtures_hold_two_lab_traces() -> None:
     assert len(sorted(FIXTURES.glob("lab-*/meta.json"))) >= 2
 
 
-@pytest.mark.parametrize("name", SCENARIOS + ["lab-rate", "lab-loss"])
+@pytest.mark.parametrize("name", [*SCENARIOS, "lab-rate", "lab-loss"])
 def test_the_agents_conclude_what_diagnose_concludes(battery: dict[str, Path], name: str) -> None:
     trace = battery[name]
     want = incidents(diagnose(trace).verdicts)

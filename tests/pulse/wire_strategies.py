@@ -66,6 +66,8 @@ def field_strategy(f: Field) -> st.SearchStrategy[Any]:
             return NAME
         if f.name == "comm_id":
             return COMM_ID
+        if f.name == "ptr":
+            return st.integers(0, (1 << 64) - 1).map(hex)
         return st.text(max_size=20)
     if f.kind == "int":
         return _int_strategy(f)
@@ -86,7 +88,7 @@ def field_strategy(f: Field) -> st.SearchStrategy[Any]:
 
 
 def _fix_comm(v: dict[str, Any], draw: st.DrawFn) -> None:
-    if v["rank"] >= v["nranks"]:
+    if v["rank"] is not None and v["rank"] >= v["nranks"]:
         v["rank"] = min(v["rank"], (1 << 24) - 1)
         v["nranks"] = v["rank"] + 1
 
