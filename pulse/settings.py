@@ -73,6 +73,11 @@ class Settings:
     spool_max_bytes: int = 1 << 30
     worker_id: str = "pulse-worker"
     data_dir: Path = Path("/var/tmp/pulse-data")
+    alert_url: str | None = None
+    """Where incident state changes are POSTed in Alertmanager's format (e.g.
+    ``http://alertmanager:9093/api/v2/alerts``); None: no alerts."""
+    alert_report_url: str | None = None
+    """Link put in each alert (``{job}`` and ``{id}`` are replaced), e.g. a Grafana dashboard."""
 
     @property
     def topics(self) -> Topics:
@@ -99,6 +104,8 @@ class Settings:
             raise ConfigError(f"PULSE_TOPIC_PREFIX={self.topic_prefix!r}: not a valid topic prefix")
         if self.broker is not None:
             _check_bootstrap(self.broker)
+        if self.alert_url is not None and not self.alert_url.startswith(("http://", "https://")):
+            raise ConfigError(f"PULSE_ALERT_URL={self.alert_url!r}: must start with http:// or https://")
         if self.influx_url is not None and not self.influx_url.startswith(("http://", "https://")):
             raise ConfigError(f"PULSE_INFLUX_URL={self.influx_url!r}: must start with http:// or https://")
 
@@ -150,6 +157,8 @@ class Settings:
             spool_max_bytes=integer("SPOOL_MAX_BYTES", defaults.spool_max_bytes),
             worker_id=get("WORKER_ID") or defaults.worker_id,
             data_dir=Path(get("DATA_DIR") or defaults.data_dir),
+            alert_url=get("ALERT_URL"),
+            alert_report_url=get("ALERT_REPORT_URL"),
         )
 
     def override(self, **changes: object) -> Settings:
@@ -168,6 +177,7 @@ ENV_VARS = (
     "PULSE_BROKER", "PULSE_TOPIC_PREFIX", "PULSE_PARTITIONS", "PULSE_EPOCH_NS", "PULSE_EPOCH_US",
     "PULSE_INFLUX_URL", "PULSE_INFLUX_ORG", "PULSE_INFLUX_BUCKET", "PULSE_INFLUX_TOKEN",
     "PULSE_INFLUX_TOKEN_FILE", "PULSE_SPOOL_DIR", "PULSE_SPOOL_MAX_BYTES", "PULSE_WORKER_ID",
+    "PULSE_ALERT_URL", "PULSE_ALERT_REPORT_URL",
     "PULSE_DATA_DIR",
 )
 """Every variable ``from_env`` reads (infra tests check compose files against this)."""

@@ -61,9 +61,15 @@ def worker(broker: str | None, prefix: str | None, partitions: int | None, worke
     if s.influx_url:
         influx = InfluxSink(s.influx_url, org=s.influx_org, bucket=s.influx_bucket, token=s.influx_token,
                             write_ops=not no_ops_to_influx)
+    alerts = None
+    if s.alert_url:
+        from .alerts import AlertSink
+
+        alerts = AlertSink(s.alert_url, report_url=s.alert_report_url)
     click.echo(f"pulse worker {s.worker_id}: broker {s.broker}, topics {s.topic_prefix}.*, "
-               f"{s.partitions} partitions" + (f", InfluxDB {s.influx_url}" if influx else ""), err=True)
-    run_worker(s, influx=influx, loglevel=loglevel, health_path=hpath)
+               f"{s.partitions} partitions" + (f", InfluxDB {s.influx_url}" if influx else "")
+               + (f", alerts to {s.alert_url}" if alerts else ""), err=True)
+    run_worker(s, influx=influx, loglevel=loglevel, health_path=hpath, alerts=alerts)
 
 
 def _health(s: Settings, path: Path, max_lag: int | None, max_age: float | None, as_json: bool) -> None:

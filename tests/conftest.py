@@ -4,6 +4,7 @@
   ``embedded_broker``: the :class:`pulse.broker.EmbeddedBroker` itself.
 * ``influxdb1``: base URL of a real InfluxDB 1.x (``/write``, ``/query``, ``/ping``).
 * ``victoria``: base URL of a real VictoriaMetrics (accepts the InfluxDB v2 ``/api/v2/write``).
+* ``alertmanager``: base URL of a real Prometheus Alertmanager 0.25 (``/api/v2/alerts``).
 
 Each is started once per session on free 127.0.0.1 ports in a temporary directory and
 stopped at the end. A fixture skips, loudly, only when its binary is missing on this
@@ -94,4 +95,13 @@ def victoria() -> Iterator[str]:
     if binary is None:
         _missing("victoria-metrics (Debian package victoria-metrics)", services.APT_HINT)
     with services.temporary_service("victoria", binary) as svc:
+        yield svc.url
+
+
+@pytest.fixture(scope="session")
+def alertmanager() -> Iterator[str]:
+    binary = services.find_binary(services.ALERTMANAGER)
+    if binary is None:
+        _missing("prometheus-alertmanager (Debian package prometheus-alertmanager)", services.APT_HINT)
+    with services.temporary_service("alertmanager", binary) as svc:
         yield svc.url

@@ -21,6 +21,7 @@ from pulse.broker import HOST, free_port
 
 INFLUXD = "influxd"
 VICTORIA = "victoria-metrics"
+ALERTMANAGER = "prometheus-alertmanager"
 APT_HINT = "apt-get install -y influxdb victoria-metrics (scripts/dev.sh test does it as root)"
 
 
@@ -188,11 +189,36 @@ def start_victoria(root: Path, binary: str) -> Service:
     return _start_with_retries(make)
 
 
+ALERTMANAGER_CONF = """\
+route:
+  receiver: "null"
+  group_wait: 1s
+receivers:
+  - name: "null"
+"""
+
+
+def start_alertmanager(root: Path, binary: str) -> Service:
+    """``prometheus-alertmanager`` (0.25) with a config that routes everything nowhere (the
+    tests read its API), its storage under ``root``, no clustering; URL ``http://127.0.0.1:PORT``."""
+
+    def make() -> Service:
+        port = free_port()
+        conf = root / "alertmanager.yml"
+        conf.write_text(ALERTMANAGER_CONF)
+        url = f"http://{HOST}:{port}"
+        cmd = [binary, f"--config.file={conf}", f"--storage.path={root / 'data'}",
+               f"--web.listen-address={HOST}:{port}", "--cluster.listen-address=", "--log.level=warn"]
+        return Service("alertmanager", cmd, root, f"{url}/-/ready", url)
+
+    return _start_with_retries(make)
+
+
 @contextlib.contextmanager
 def temporary_service(kind: str, binary: str):  # type: ignore[no-untyped-def]
-    """Start ``kind`` ("influxdb1" or "victoria") in a fresh temporary directory."""
+    """Start ``kind`` ("influxdb1", "victoria" or "alertmanager") in a fresh temporary directory."""
     root = Path(tempfile.mkdtemp(prefix=f"pulse-test-{kind}-"))
-    starter = {"influxdb1": start_influxdb1, "victoria": start_victoria}[kind]
+    starter = {"influxdb1": start_influxdb1, "victoria": start_victoria, "alertmanager": start_alertmanager}[kind]
     svc = None
     try:
         svc = starter(root, binary)

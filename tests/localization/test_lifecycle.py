@@ -1,0 +1,91 @@
+"""Incidents from a verdict stream: open once, update only on what an operator acts on,
+resolve on ``cleared`` or at the end of the job; a refinement is the same incident."""
+
+from __future__ import annotations
+
+from pulse.localization.lifecycle import IncidentTracker, incident_id, summary
+
+from pulse.records import Incident, Verdict
+
+
+def _v(status: str = "anomaly", kind: str | None = "network-slow", level: str | None = "node",
+       nodes: tuple[str, ...] = ("node-03",), nics: tuple[str, ...] = ("node-03/mlx5_0",), conf: float = 0.99,
+       first_seq: int = 10, decided: int = 5_000, metric: str = "act_ns", value: float = 2_600.0,
+       ref: float = 1_000.0, ops: int = 6) -> Verdict:
+    findings = [{"comm_id": "dp0", "seq": first_seq + i, "rank": 3, "node": nodes[0], "metric": metric,
+                 "value": value, "reference": ref} for i in range(ops)]
+    return Verdict(job="j", status=status, kind=kind, level=level, nodes=list(nodes), ranks=[3], nics=list(nics),
+                   confidence=conf, evidence={"findings": findings, "outlier_ops": ops},
+                   window={"comm_id": "dp0", "first_seq": first_seq, "last_seq": first_seq + ops,
+                           "ops": ops, "decided_at_ns": decided},
+                   first_seen_ns=1_796_000_000_000_000_000, emitted_at=1)
+
+
+def _tracker() -> IncidentTracker:
+    return IncidentTracker("j", clock=lambda: 42)
+
+
+def test_a_persisting_fault_is_one_incident_and_repeats_announce_nothing() -> None:
+    t = _tracker()
+    opened = t.observe([_v()])
+    assert [i.state for i in opened] == ["open"]
+    assert opened[0].id == incident_id("j", "network-slow", "node", ["node-03"], "dp0", 10)
+    assert t.observe([_v(decided=6_000), _v(decided=7_000, conf=0.95)]) == []  # nothing changed
+    resolved = t.observe([_v("cleared", decided=9_000)])
+    assert [(i.state, i.resolution, i.resolved_at_ns, i.id) for i in resolved] == [
+        ("resolved", "evidence-stopped", 9_000, opened[0].id)]
+    assert t.finish() == []  # nothing left open
+
+
+def test_updates_come_from_a_new_nic_or_a_confidence_step() -> None:
+    t = _tracker()
+    t.observe([_v(conf=0.6)])
+    up = t.observe([_v(nics=("node-03/mlx5_0", "node-03/mlx5_1"), conf=0.6)])
+    assert [(i.state, i.updates, i.nics) for i in up] == [("updated", 1, ["node-03/mlx5_0", "node-03/mlx5_1"])]
+    up2 = t.observe([_v(nics=("node-03/mlx5_1",), conf=0.75)])
+    assert [(i.state, i.updates, round(i.confidence, 2)) for i in up2] == [("updated", 2, 0.75)]
+
+
+def test_a_refined_verdict_updates_the_same_incident() -> None:
+    t = _tracker()
+    first = t.observe([_v(kind="path", level="group", nodes=("node-01", "node-02"))])[0]
+    up = t.observe([_v(nodes=("node-01",), nics=("node-01/eth0",))])
+    assert [(i.id, i.state, i.kind, i.level, i.nodes) for i in up] == [
+        (first.id, "updated", "network-slow", "node", ["node-01"])]
+    # a compute fault on the same node is another fault (another family): a second incident
+    other = t.observe([_v(kind="compute-slow", nodes=("node-01",), metric="issue_to_end_ns",
+                          value=1e6, ref=9e6)])
+    assert [i.state for i in other] == ["open"] and other[0].id != first.id
+    ended = t.finish(end_ns=123)
+    assert {(i.state, i.resolution, i.resolved_at_ns) for i in ended} == {("resolved", "job-ended", 123)}
+
+
+def test_healthy_verdicts_make_no_incident() -> None:
+    t = _tracker()
+    assert t.observe([_v("healthy", kind=None, level=None, nodes=("node-01", "node-02"))]) == []
+    assert t.finish() == []
+
+
+def test_the_summary_says_who_what_and_how_far_from_the_peers() -> None:
+    s = summary(_v(), 34)
+    assert s.startswith("node-03 (node-03/mlx5_0): network fail-slow")
+    assert "2.6x the usual time" in s and "over 34 operators" in s and "confidence 0.99" in s
+    rate = summary(_v(metric="active_rate", value=38.0, ref=100.0), 5)
+    assert "38 % of its peers' rate" in rate
+    late = summary(_v(kind="compute-slow", nics=(), metric="issue_to_end_ns", value=2e6, ref=50e6), 8)
+    assert late.startswith("node-03: compute fail-slow") and "48.0 ms after its peers" in late
+
+
+def test_incident_records_round_trip_and_reject_inconsistency() -> None:
+    import pytest
+
+    from pulse.errors import DecodeError
+    from pulse.records import decode_incident
+
+    inc = _tracker().observe([_v()])[0]
+    assert decode_incident(inc.to_json()) == inc
+    bad = inc.to_dict() | {"state": "resolved"}  # resolved without resolved_at_ns
+    with pytest.raises(DecodeError, match="resolved_at_ns"):
+        Incident.from_dict(bad)
+    with pytest.raises(DecodeError, match="state"):
+        Incident.from_dict(inc.to_dict() | {"state": "closed"})
