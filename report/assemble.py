@@ -11,7 +11,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from pulse.localization.incidents import group_incidents, main_incident
 
 from pulse.events import FlowEvent, HookEvent
 from pulse.records import OpMetrics, Verdict
@@ -28,6 +27,8 @@ def main_anomaly(verdicts: Iterable[Verdict]) -> Verdict | None:
     """The anomaly the report is about: the main incident
     (:func:`pulse.localization.incidents.main_incident`: repeated most often, then most
     confident, then earliest), by its verdict about the earliest operators."""
+    from pulse.localization.incidents import group_incidents, main_incident
+
     inc = main_incident(group_incidents(verdicts))
     return None if inc is None else inc.earliest
 
