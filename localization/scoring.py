@@ -5,9 +5,10 @@ This is the only module of pulse.localization that reads truth (``truth.json``, 
 
 Per run:
 
-* an **incident** is one (method, kind, nodes) series of anomaly verdicts (repeats of the
-  same anomaly are one incident; ``cleared``, ``healthy`` and ``insufficient-data`` are not
-  alarms);
+* an **incident** is one (kind, level, nodes) series of anomaly verdicts
+  (:mod:`pulse.localization.incidents`: repeats of the same anomaly are one incident;
+  ``cleared``, ``healthy`` and ``insufficient-data`` are not alarms), of the verdicts of one
+  method when ``method`` is given;
 * an incident is **correct** when its kind family (network: network-slow/stop/path; compute:
   compute-slow/stop/host-contention) matches the truth and its nodes are right: for a
   node-level truth, a node-level hit names exactly the culprit node, a group-level hit is a
@@ -27,6 +28,8 @@ from typing import Any
 
 from pulse.records import Verdict, kind_family
 
+from .incidents import decided_at, group_incidents
+
 
 @dataclasses.dataclass
 class ScenarioScore:
@@ -45,12 +48,6 @@ class ScenarioScore:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _decided_at(v: Verdict) -> int:
-    w = v.window if isinstance(v.window, dict) else {}
-    at = w.get("decided_at_ns")
-    return int(at) if isinstance(at, int) else int(v.first_seen_ns)
 
 
 def _match(v: Verdict, truth: dict[str, Any]) -> str | None:
@@ -73,14 +70,9 @@ def _match(v: Verdict, truth: dict[str, Any]) -> str | None:
 def score(verdicts: Iterable[Verdict], truth: dict[str, Any], *, method: str | None = None) -> ScenarioScore:
     vs = [v for v in verdicts if method is None or v.method == method]
     meth = method or (vs[0].method if vs else "pulse") or "pulse"
-    anomalies = sorted((v for v in vs if v.status == "anomaly"), key=lambda v: (_decided_at(v), v.emitted_at))
-    seen: dict[tuple[str | None, tuple[str, ...]], str | None] = {}
-    order: list[tuple[str | None, Verdict]] = []
-    for v in anomalies:
-        key = (v.kind, tuple(sorted(v.nodes)))
-        if key not in seen:
-            seen[key] = _match(v, truth)
-            order.append((seen[key], v))
+    anomalies = sorted((v for v in vs if v.status == "anomaly"), key=lambda v: (decided_at(v), v.emitted_at))
+    # Each incident is judged by its first decided verdict, in the order they were decided.
+    order = [(_match(inc.first, truth), inc.first) for inc in group_incidents(anomalies)]
     scenario = str(truth.get("scenario", "?"))
     seed = truth.get("seed")
     sev = truth.get("severity")
@@ -100,7 +92,7 @@ def score(verdicts: Iterable[Verdict], truth: dict[str, Any], *, method: str | N
     onset = truth.get("onset_ns")
     detect = None
     if correct and isinstance(onset, int):
-        detect = max(0, _decided_at(correct[0]) - onset)
+        detect = max(0, decided_at(correct[0]) - onset)
     return ScenarioScore(scenario, seed, meth, outcome, len(order), len(correct), len(wrong), detect, first, sev)
 
 

@@ -8,8 +8,9 @@ from collections.abc import Iterable
 import numpy as np
 from pulse.segmentation import metrics as _metrics
 from pulse.segmentation.association import Association, FlowKey, OpKey, associate
-from pulse.segmentation.kernel import COMPLETE, TX_MASK, run_kernel, volume_bounds
-from pulse.segmentation.params import SegmentationError, SegmentParams
+from pulse.segmentation.gather import active_epochs, gather
+from pulse.segmentation.kernel import COMPLETE, run_kernel, volume_bounds
+from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, collect
 
 from pulse.events import CommEvent, FlowEvent, OpEvent
@@ -60,15 +61,6 @@ class _Run:
     clocks: dict[str, NicClock]
 
 
-def _gather(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Concatenated aranges lo[i]:lo[i]+counts[i]."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    starts = np.cumsum(counts) - counts
-    return np.arange(total, dtype=np.int64) - np.repeat(starts - lo, counts)
-
-
 def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParams) -> _Run:
     rows, clocks = collect(batches, params.burst_rx)
     nodes = {k[0] for k in rows} | {k[0] for k in assoc.flow_ops}
@@ -95,7 +87,7 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
         w = np.array(wanted, np.int64)
         lo = np.searchsorted(fcol, w, "left")
         hi = np.searchsorted(fcol, w, "right")
-        idx = _gather(lo, hi - lo)
+        idx = gather(lo, hi - lo)
         ep_parts.append(ecol[idx])
         by_parts.append(bcol[idx])
         counts_parts.append(hi - lo)
@@ -159,27 +151,10 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
         volume=out.vol.copy(), expected=need.astype(np.int64), complete=out.status == COMPLETE,
         epoch_ns=ens_slot, unbound_flows=sorted(unbound), extra_bytes=int(out.extra.sum()))
 
-    # Active epochs of each slot = the flow's rows inside [start, end] (consecutive
-    # operators of a flow share at most a split crossing epoch).
     s_idx = np.flatnonzero(started)
-    sf = slot_flow[s_idx]
-    base = ep.min() if ep.size else 0
-    key = (np.repeat(np.arange(len(flows), dtype=np.int64), counts) << 40) | (ep - base)
-    lo = np.searchsorted(key, (sf << 40) | (out.start[s_idx] - base), "left")
-    hi = np.searchsorted(key, (sf << 40) | (out.end[s_idx] - base), "right")
-    idx = _gather(lo, hi - lo)
-    rep = np.repeat(s_idx, hi - lo)
-    active = (by[idx] & TX_MASK) > 0  # rx-only rows (CTS bursts) are not active epochs
-    slot_rows = (rep[active], ep[idx][active])
+    rep, act_ep = active_epochs(ep, by, counts, slot_flow[s_idx], out.start[s_idx], out.end[s_idx])
+    slot_rows = (s_idx[rep], act_ep)
     return _Run(segs, slot_of, out.start, out.end, out.vol, out.status, out.grant, slot_rows, clocks)
-
-
-def _check_params(params: SegmentParams | None) -> SegmentParams:
-    if params is None:
-        return SegmentParams()
-    if not isinstance(params, SegmentParams):
-        raise SegmentationError(f"params must be SegmentParams, got {type(params).__name__}")
-    return params
 
 
 def segment_flows(batches: Iterable[EpochBatch], association: Association,
@@ -187,7 +162,7 @@ def segment_flows(batches: Iterable[EpochBatch], association: Association,
     """Segment every bound send flow of a whole trace into its operators."""
     if not isinstance(association, Association):
         raise SegmentationError(f"association must come from associate(), got {type(association).__name__}")
-    return _run(batches, association, _check_params(params)).segments
+    return _run(batches, association, check_params(params)).segments
 
 
 def metrics_from_run(run: _Run, assoc: Association) -> list[OpMetrics]:
@@ -215,6 +190,6 @@ def metrics_from_run(run: _Run, assoc: Association) -> list[OpMetrics]:
 def segment_trace(batches: Iterable[EpochBatch], events: Iterable[CommEvent | FlowEvent | OpEvent],
                   params: SegmentParams | None = None) -> list[OpMetrics]:
     """Per operator per rank metrics of a whole trace, sorted by (node, comm, rank, seq)."""
-    params = _check_params(params)
+    params = check_params(params)
     assoc = associate(events)
     return metrics_from_run(_run(batches, assoc, params), assoc)

@@ -108,3 +108,12 @@ class SegmentParams:
 
     def merge_epochs(self, epoch_ns: int) -> int:
         return min(self.stall_epochs(epoch_ns), self.merge_gap_ns // epoch_ns)
+
+
+def check_params(params: SegmentParams | None) -> SegmentParams:
+    """``params`` or the defaults; anything else is a :class:`SegmentationError`."""
+    if params is None:
+        return SegmentParams()
+    if not isinstance(params, SegmentParams):
+        raise SegmentationError(f"params must be SegmentParams, got {type(params).__name__}")
+    return params

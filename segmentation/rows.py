@@ -36,14 +36,19 @@ class NicClock:
         return out
 
 
-def batch_rows(batch: EpochBatch, clock: NicClock, burst_rx: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(flow int64, abs epoch int64, packed bytes int64) of a batch's rows with tx > 0, and
-    with ``burst_rx`` > 0 also its rx-only rows of >= burst_rx bytes (possible CTS bursts).
-    Packed = tx bytes | rx bytes << RX_SHIFT (kernel.pack_rows)."""
+def check_epoch(batch: EpochBatch, clock: NicClock) -> None:
+    """Every NIC of a node must use the epoch length of the node's first batch."""
     if batch.epoch_ns != clock.epoch_ns:
         raise SegmentationError(
             f"{batch.node}/{batch.nic} batch {batch.batch_seq}: epoch_ns {batch.epoch_ns} differs "
             f"from the {clock.epoch_ns} of the node's earlier batches")
+
+
+def batch_rows(batch: EpochBatch, clock: NicClock, burst_rx: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flow int64, abs epoch int64, packed bytes int64) of a batch's rows with tx > 0, and
+    with ``burst_rx`` > 0 also its rx-only rows of >= burst_rx bytes (possible CTS bursts).
+    Packed = tx bytes | rx bytes << RX_SHIFT (kernel.pack_rows)."""
+    check_epoch(batch, clock)
     rx = batch.rx_bytes if burst_rx > 0 else None
     keep = batch.tx_bytes > 0
     if rx is not None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 from infra_grafana import dashboards, grafana_interval, queries, substitute
-
 from pulse.report import influx_query
+
 from pulse.settings import Settings
 
 DB = "pulse-dash"

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pulse.lab.analysis import _trim, first_seq_after_warmup, infer_ring, judge, summarize_verdicts, truth_of
+from pulse.lab.faults import parse_fault
 
 from pulse.errors import ConfigError, PulseError, TraceError
 from pulse.events import OpEvent
-from pulse.lab.analysis import _trim, first_seq_after_warmup, infer_ring, judge, summarize_verdicts, truth_of
-from pulse.lab.faults import parse_fault
 from pulse.records import Verdict
 from pulse.samples import make_batch
 

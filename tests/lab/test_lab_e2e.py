@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pulse.lab.netns import LabNetwork
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]

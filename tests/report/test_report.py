@@ -12,9 +12,9 @@ import orjson
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from pulse.report import CULPRIT, PNG_SIZE, build_report_data, draw, write_html
 
 from pulse.cli import main
-from pulse.report import CULPRIT, PNG_SIZE, build_report_data, draw, write_html
 from pulse.trace import read_truth
 
 

@@ -4,15 +4,17 @@ InfluxDB sink wrote to a real InfluxDB 1.x."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 
 import orjson
 import pytest
 from click.testing import CliRunner
 from PIL import Image
+from pulse.report import PNG_SIZE, build_report_data_from_influx, draw, main_anomaly
+from pulse.report.from_influx import _rows, influx_query, ops_from_rows, verdict_from_row
 
 from pulse.cli import main
-from pulse.report import PNG_SIZE, build_report_data_from_influx, draw, main_anomaly
 from pulse.trace import read_truth
 
 DB = "pulse-report"
@@ -53,6 +55,29 @@ def test_culprit_panel_from_influx(influxdb1: str, nic_slow: Path, written) -> N
     assert data.evidence, "the evidence survives the round trip"
 
 
+def test_rows_decode_to_what_the_sink_wrote(influxdb1: str, written) -> None:  # type: ignore[no-untyped-def]
+    """The decoder is the sink's exact inverse, except what the sink does not keep: the
+    end below the µs, the epoch, the verdict's window, an evidence cut at 4000 characters."""
+    where = f"WHERE \"job\" = '{written.job}'"
+    rows = list(_rows(influx_query(influxdb1, DB, f'SELECT * FROM "pulse_op" {where}')))
+    ops = {(m.node, m.comm_id, m.seq, m.rank): m for m in ops_from_rows(rows)}
+    assert len(ops) == len(rows) == len(written.metrics)
+    for m in written.metrics:
+        got = ops[(m.node, m.comm_id, m.seq, m.rank)]
+        assert got.end_ns == m.end_ns // 1000 * 1000 and got.start_ns == got.end_ns - m.duration_ns
+        assert (got.job, got.kind, got.nranks, got.duration_ns, got.act_ns, got.volume_bytes, got.expected_bytes,
+                got.complete, got.flows) == (m.job, m.kind, m.nranks, m.duration_ns, m.act_ns, m.volume_bytes,
+                                             m.expected_bytes, m.complete, m.flows)
+        assert abs(got.active_rate - m.active_rate) <= 1e-9 * m.active_rate
+    rows = list(_rows(influx_query(influxdb1, DB, f'SELECT * FROM "pulse_verdict" {where}')))
+    back = sorted((verdict_from_row(r) for r in rows), key=lambda v: (v.first_seen_ns, v.emitted_at))
+    assert None not in back
+    sent = sorted(written.verdicts, key=lambda v: (v.first_seen_ns, v.emitted_at))
+    for got, v in zip(back, sent, strict=True):
+        short = len(orjson.dumps(v.evidence)) <= 4000
+        assert got == dataclasses.replace(v, window={}, evidence=v.evidence if short else {})
+
+
 def test_cli_from_influx_finds_the_only_job(influxdb1: str, tmp_path: Path, written) -> None:  # type: ignore[no-untyped-def]
     out = tmp_path / "influx.png"
     r = CliRunner().invoke(main, ["report", "--from-influx", influxdb1, "--db", DB, "--out", str(out), "--json"])
@@ -75,8 +100,6 @@ def test_draws_from_influx(influxdb1: str, tmp_path: Path, written) -> None:  # 
 
 
 def test_several_jobs_need_job(influxdb1: str, written) -> None:  # type: ignore[no-untyped-def]
-    import dataclasses
-
     from pulse.streams.influx import InfluxSink
 
     db = "pulse-two-jobs"

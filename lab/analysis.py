@@ -234,19 +234,15 @@ def truth_of(fault: Any, ranks: dict[int, str], onset_ns: int | None) -> dict[st
 
 
 def summarize_verdicts(verdicts: list[Verdict]) -> dict[str, Any]:
-    """The anomalies of a run, grouped by (kind, nodes), in order of first appearance."""
-    groups: dict[tuple[str, tuple[str, ...]], dict[str, Any]] = {}
-    for v in verdicts:
-        if v.status != "anomaly":
-            continue
-        key = (str(v.kind), tuple(v.nodes))
-        g = groups.setdefault(key, {"kind": v.kind, "family": kind_family(v.kind), "nodes": list(v.nodes),
-                                    "level": v.level, "count": 0, "confidence": 0.0,
-                                    "first_seen_ns": v.first_seen_ns,
-                                    "decided_ns": (v.window or {}).get("decided_at_ns")})
-        g["count"] += 1
-        g["confidence"] = max(g["confidence"], float(v.confidence))
-    anomalies = list(groups.values())
+    """The anomalies of a run: its incidents, in order of first appearance, each with its
+    first verdict's times (trace time)."""
+    from pulse.localization.incidents import group_incidents
+
+    anomalies = [{"kind": inc.kind, "family": kind_family(inc.kind), "nodes": list(inc.first.nodes),
+                  "level": inc.level, "count": inc.count, "confidence": inc.confidence,
+                  "first_seen_ns": inc.first.first_seen_ns,
+                  "decided_ns": (inc.first.window or {}).get("decided_at_ns")}
+                 for inc in group_incidents(verdicts)]
     if not anomalies:
         status = "healthy" if any(v.status == "healthy" for v in verdicts) or not verdicts else \
             verdicts[-1].status

@@ -13,8 +13,9 @@ import dataclasses
 import re
 from pathlib import Path
 
-from pulse.errors import ConfigError
 from pulse.lab.netns import LabNetwork, run
+
+from pulse.errors import ConfigError
 
 _RATE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kmg]?)(?:bit|b)?$", re.I)
 FAMILY = {"rate": "network", "loss": "network", "cpu": "compute"}

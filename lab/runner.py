@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pulse.errors import ConfigError, ServiceError
 from pulse.lab.faults import Fault, FaultInjector
 from pulse.lab.netns import LabNetwork, cgroup_root, require_root
+
+from pulse.errors import ConfigError, ServiceError
 
 MASTER_PORT = 29500
 _STEP = re.compile(r"^step (\d+) t_ms=([\d.]+) wall_ns=(\d+)")

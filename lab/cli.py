@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import click
+from pulse.lab.analysis import LAB_EPOCH_NS
 
 from pulse.errors import ConfigError
-from pulse.lab.analysis import LAB_EPOCH_NS
 
 
 def _echo(msg: str) -> None:

@@ -1,0 +1,232 @@
+"""The streaming segmenter's operators and their (operator, send flow) slots.
+
+Every associated operator of the node gets a small integer id (reused once it is emitted
+or dropped) and one slot per send flow that carries it. A slot keeps the flow's result
+(start, end, volume, status, grant) once the kernel closed it, and the flow's active
+epochs inside it wait in a pool until every slot of the operator is closed: then the
+operator is emitted, aggregated over its slots exactly as the batch form does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+from pulse.segmentation import metrics as _metrics
+from pulse.segmentation.association import NO_TIME, FlowKey, OpInfo, OpKey
+from pulse.segmentation.columns import Columns
+from pulse.segmentation.kernel import COMPLETE
+from pulse.segmentation.rows import NicClock
+
+from pulse.events import OpEvent
+from pulse.records import OpMetrics
+
+_EMPTY = np.zeros(0, np.int64)
+SLOT_SPEC: dict[str, tuple[type, int]] = {
+    "fid": (np.int64, 0), "seq": (np.int64, 0), "need": (np.int64, 0), "issue": (np.int64, NO_TIME),
+    "uid": (np.int64, 0), "live": (np.bool_, False), "closed": (np.bool_, False),
+    "start": (np.int64, -1), "end": (np.int64, -1), "vol": (np.int64, 0), "status": (np.int8, 0),
+    "grant": (np.int64, -1)}
+_RESULTS = ("start", "end", "vol", "status")
+"""What a closed slot keeps across a re-association."""
+
+FlowIds = Callable[[list[FlowKey]], np.ndarray]
+"""Flow keys -> flow ids (registering new flows)."""
+
+
+class SlotTable:
+    def __init__(self) -> None:
+        self.s = Columns(SLOT_SPEC)
+        self.uid: dict[OpKey, int] = {}
+        self.ukey: dict[int, OpKey] = {}
+        self.info: dict[int, OpInfo] = {}
+        self._free: list[int] = []
+        self.next_uid = 0
+        self._total = np.zeros(0, np.int64)
+        """Slots per operator id."""
+        self._closed = np.zeros(0, np.int64)
+        """Closed slots per operator id."""
+        self.pool = (_EMPTY, _EMPTY, _EMPTY)
+        """(uid, fid, epoch): active epochs of closed slots whose operator is not emitted yet."""
+
+    # ---- operator ids -----------------------------------------------------------------
+    def new_uid(self, key: OpKey) -> int:
+        if self._free:
+            uid = self._free.pop()
+        else:
+            uid = self.next_uid
+            self.next_uid += 1
+            if uid >= self._total.size:
+                cap = max(64, 2 * self._total.size)
+                for name in ("_total", "_closed"):
+                    old = getattr(self, name)
+                    new = np.zeros(cap, np.int64)
+                    new[: old.size] = old
+                    setattr(self, name, new)
+        self.uid[key] = uid
+        self.ukey[uid] = key
+        self._total[uid] = 0
+        self._closed[uid] = 0
+        return uid
+
+    def forget(self, uids: Iterable[int]) -> None:
+        for uid in uids:
+            key = self.ukey.pop(uid)
+            del self.uid[key]
+            self.info.pop(uid, None)
+            self._free.append(uid)
+
+    def drop(self, uids: np.ndarray) -> np.ndarray:
+        """Forget operators: their slots, pooled epochs and ids. Returns the flow ids of
+        their live slots."""
+        s = self.s
+        mark = np.zeros(self.next_uid + 1, bool)  # uids are small reused integers
+        mark[uids] = True
+        gone = s.col("live") & mark[s.col("uid")]
+        fids = s.col("fid")[gone]
+        s.live[: s.n][gone] = False
+        if self.pool[0].size:
+            keep = ~mark[self.pool[0]]
+            self.pool = (self.pool[0][keep], self.pool[1][keep], self.pool[2][keep])
+        self.forget(uids.tolist())
+        if s.n > 1024 and s.n > 2 * int(s.col("live").sum()):
+            s.keep(s.col("live").copy())
+        return fids
+
+    # ---- slots --------------------------------------------------------------------------
+    def add(self, infos: list[tuple[int, OpInfo]], flow_ids: FlowIds) -> np.ndarray:
+        """Append the slots of newly associated operators; returns their flow ids."""
+        pairs = [(uid, f, e) for uid, info in infos for f, e in zip(info.flows, info.expected, strict=True)]
+        if not pairs:
+            return _EMPTY
+        fids = flow_ids([p[1] for p in pairs])
+        s = self.s
+        sl = s.grow(len(pairs))
+        s.fid[sl] = fids
+        s.uid[sl] = [p[0] for p in pairs]
+        s.need[sl] = [p[2] for p in pairs]
+        seq_of = {uid: info.event.seq for uid, info in infos}
+        issue_of = {uid: NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns for uid, info in infos}
+        s.seq[sl] = [seq_of[p[0]] for p in pairs]
+        s.issue[sl] = [issue_of[p[0]] for p in pairs]
+        s.live[sl] = True
+        for uid, info in infos:
+            self._total[uid] += len(info.flows)
+        return fids
+
+    def rebuild(self, ops: dict[OpKey, OpEvent], info_of: Callable[[OpEvent], OpInfo | None],
+                senders: set[tuple[str, int]], flow_ids: FlowIds) -> None:
+        """Re-associate every pending operator (a comm/flow binding changed), keeping the
+        results of the slots that flows already closed. An operator that is no operator
+        on its rank any more (e.g. a Recv of a rank that sends) is deleted from ``ops``."""
+        old = self.s
+        done = old.col("live") & old.col("closed")
+        kept = {(int(u), int(fi)): i for i, (u, fi) in
+                enumerate(zip(old.col("uid")[done].tolist(), old.col("fid")[done].tolist(), strict=True))}
+        old_rows = {name: old.col(name)[done].copy() for name in _RESULTS}
+        self.s = Columns(SLOT_SPEC)
+        infos = []
+        live_uids: set[int] = set()
+        for key in sorted(ops):
+            op = ops[key]
+            info = info_of(op)
+            if info is None:
+                if (op.comm_id, op.rank) in senders:
+                    del ops[key]
+                    uid = self.uid.get(key)
+                    if uid is not None:
+                        self.forget([uid])
+                continue
+            uid = self.uid.get(key)
+            if uid is None:
+                uid = self.new_uid(key)
+            self._total[uid] = 0
+            self._closed[uid] = 0
+            self.info[uid] = info
+            infos.append((uid, info))
+            live_uids.add(uid)
+        for uid in [u for u in self.ukey if u not in live_uids]:
+            self.forget([uid])
+        self.add(infos, flow_ids)
+        s = self.s
+        if kept and s.n:
+            pos = np.array([kept.get((u, fi), -1) for u, fi in
+                            zip(s.col("uid").tolist(), s.col("fid").tolist(), strict=True)], np.int64)
+            hit = pos >= 0
+            s.closed[: s.n][hit] = True
+            for name, col in old_rows.items():
+                getattr(s, name)[: s.n][hit] = col[pos[hit]]
+            np.add.at(self._closed, s.col("uid")[hit], 1)
+        if self.pool[0].size:
+            closed_keys = set(zip(s.col("uid")[s.col("closed")].tolist(), s.col("fid")[s.col("closed")].tolist(),
+                                  strict=True))
+            keep = np.array([(u, fi) in closed_keys for u, fi in
+                             zip(self.pool[0].tolist(), self.pool[1].tolist(), strict=True)], bool)
+            self.pool = (self.pool[0][keep], self.pool[1][keep], self.pool[2][keep])
+
+    def close(self, cs: np.ndarray, start: np.ndarray, end: np.ndarray, vol: np.ndarray, status: np.ndarray,
+              grant: np.ndarray) -> np.ndarray:
+        """Keep the kernel's results of the slots ``cs`` it closed; returns their uids."""
+        s = self.s
+        s.closed[cs] = True
+        s.start[cs] = start
+        s.end[cs] = end
+        s.vol[cs] = vol
+        s.status[cs] = status
+        s.grant[cs] = grant
+        cuid = s.uid[cs]
+        np.add.at(self._closed, cuid, 1)
+        return cuid
+
+    def pool_epochs(self, uids: np.ndarray, fids: np.ndarray, epochs: np.ndarray) -> None:
+        add = (uids, fids, epochs)
+        self.pool = tuple(np.concatenate((p, q)) for p, q in zip(self.pool, add, strict=True))  # type: ignore[assignment]
+
+    def complete(self, cuid: np.ndarray) -> np.ndarray:
+        """Of the operators ``cuid``, those whose every slot is closed."""
+        touched = np.unique(cuid)
+        done = touched[self._closed[touched] >= self._total[touched]]
+        return done[self._total[done] > 0]
+
+    # ---- emitting -----------------------------------------------------------------------
+    def emit(self, uids: np.ndarray, clock: NicClock) -> tuple[list[OpMetrics], list[OpKey]]:
+        """Metrics of the complete operators ``uids`` (in key order), which are then
+        forgotten; and their keys."""
+        s = self.s
+        order = sorted(uids.tolist(), key=lambda u: self.ukey[u])
+        uids = np.array(order, np.int64)
+        ix = np.full(int(uids.max()) + 1, -1, np.int64)
+        ix[uids] = np.arange(uids.size)
+        mine = s.col("live") & s.col("closed")
+        mine &= ix[np.minimum(s.col("uid"), ix.size - 1)] >= 0
+        mine &= s.col("uid") < ix.size
+        rows = np.flatnonzero(mine)
+        g = ix[s.uid[rows]]
+        n = uids.size
+        began = s.start[rows] >= 0
+        big = np.int64(1) << 62
+        start = np.full(n, big, np.int64)
+        np.minimum.at(start, g[began], s.start[rows][began])
+        end = np.full(n, -big, np.int64)
+        np.maximum.at(end, g[began], s.end[rows][began])
+        vol = np.zeros(n, np.int64)
+        np.add.at(vol, g, s.vol[rows])
+        grant = np.full(n, big, np.int64)
+        granted = s.grant[rows] >= 0
+        np.minimum.at(grant, g[granted], s.grant[rows][granted])
+        bad = np.zeros(n, np.int64)
+        np.add.at(bad, g, (s.status[rows] != COMPLETE).astype(np.int64))
+        pu, _, pe = self.pool
+        inp = np.zeros(pu.size, bool)
+        inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
+        act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
+        out = []
+        keys = []
+        for i, uid in enumerate(order):
+            info = self.info[uid]
+            out.append(_metrics.build_from(info, clock, int(start[i]) if start[i] != big else -1,
+                                           int(end[i]), int(vol[i]), bad[i] == 0, int(act[i]),
+                                           int(grant[i]) if grant[i] != big else -1))
+            keys.append(self.ukey[uid])
+        self.drop(uids)
+        return out, keys
