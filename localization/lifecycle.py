@@ -8,9 +8,11 @@ something an operator would act on changes (the nodes or level it names, its NIC
 ranks, its confidence by a tenth or more), and is *resolved* when the evidence stopped or
 the job ended. :class:`IncidentTracker` turns the verdicts into those state changes.
 
-A later verdict that names an overlapping set of nodes with a fault of the same family
-(network vs compute/host) refines the open incident (a path that turns out to be one
-NIC), it does not open a second one; its id stays the one it opened with.
+The same fault is the same (kind, level, nodes) as in :mod:`.incidents` (which groups a
+finished verdict stream for scoring, the report and the lab); live, a later verdict that
+names an overlapping set of nodes with a fault of the same family (network vs
+compute/host) also refines the open incident (a path that turns out to be one NIC) rather
+than opening a second one, and its id stays the one it opened with.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pulse.records import Incident, Verdict, kind_family
+
+from .incidents import incident_key
 
 CONFIDENCE_STEP = 0.1
 """A change of confidence smaller than this is not an update worth paging about."""
@@ -143,8 +147,9 @@ class IncidentTracker:
 
     def _match(self, v: Verdict) -> _Open | None:
         nodes = set(v.nodes)
-        exact = [o for o in self.open.values() if (o.incident.kind, o.incident.level, set(o.incident.nodes))
-                 == (v.kind, v.level, nodes)]
+        key = incident_key(v)
+        exact = [o for o in self.open.values()
+                 if (o.incident.kind, o.incident.level, tuple(sorted(o.incident.nodes))) == key]
         if exact:
             return exact[0]
         fam = kind_family(v.kind)

@@ -50,10 +50,6 @@ PURE = {"pulse.nic", "pulse.hooks", "pulse.sim", "pulse.segmentation", "pulse.lo
 """Packages that never talk to Kafka, Faust or InfluxDB."""
 
 KNOWN: dict[tuple[str, str], str] = {
-    ("localization/diagnose.py", "pulse.segmentation"):
-        "diagnose drives segmentation then localization: moves to pulse.engine (issue 15)",
-    ("localization/evaluate.py", "pulse.sim"):
-        "eval simulates the battery and diagnoses it: moves to pulse.engine (issue 15)",
     ("nic/cli.py", "pulse.producers"):
         "`pulse capture --publish` loads the producers' publisher; `pulse produce capture` does the same "
         "from the right layer",

@@ -10,9 +10,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from pulse.sim.scenarios import SCENARIOS
 from pulse.streams.demo import first_anomalous_end_ns
 
-from pulse.sim.scenarios import SCENARIOS
 from pulse.trace import read_truth
 
 pytestmark = pytest.mark.slow

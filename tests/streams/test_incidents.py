@@ -77,7 +77,7 @@ class _Receiver:
         bodies = self.bodies
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 n = int(self.headers.get("Content-Length", "0"))
                 bodies.append(json.loads(self.rfile.read(n)))
                 self.send_response(200)
@@ -124,7 +124,7 @@ def test_the_pipeline_publishes_the_incident_stores_it_and_alerts(broker, influx
         recs = [decode_incident(v) for _k, v in asyncio.run(read_topic(broker, s.topics.incidents))]
         assert recs, "no incident on the topic"
         assert len({r.id for r in recs}) == 1
-        assert [r.state for r in recs][0] == "open" and recs[-1].state in ("resolved", "updated", "open")
+        assert recs[0].state == "open"
         assert recs[0].nodes == truth["culprit"]["nodes"]
         recv.up()
         deadline = time.monotonic() + 60
