@@ -86,7 +86,7 @@ def verdict_lines(trace: Path, cache: Path) -> list[str]:
 def cmd_run(args: argparse.Namespace) -> int:
     traces = complete_traces(Path(args.root), Path(args.done_marker) if args.done_marker else None)
     if args.only:
-        traces = [t for t in traces if any(s in t.name for s in args.only)]
+        traces = [t for t in traces if t.name in args.only]
     cache = Path(args.cache)
     if args.cached_only:
         traces = [t for t in traces if (cache / f"{t.name}.pkl").exists()]
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--cache", default="/tmp/segcache", help="segmentation cache directory (default %(default)s)")
     r.add_argument("--done-marker", default=None,
                    help="file that is non-empty once the trace writer finished (else the newest trace is skipped)")
-    r.add_argument("--only", nargs="*", help="substrings: only traces whose name contains one")
+    r.add_argument("--only", nargs="*", help="only these traces (directory names)")
     r.add_argument("--cached-only", action="store_true", help="skip traces not segmented yet (no cache file)")
     d = sub.add_parser("diff", help="compare two outputs of 'run' trace by trace")
     d.add_argument("a")
