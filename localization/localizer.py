@@ -7,23 +7,25 @@ evidence (:mod:`.evidence`) and, after every operator, asks the rule families
 incidents and verdicts. This module only coordinates: closing operators in order, feeding
 the evidence, asking the rules. The families:
 
-* **stops** (:mod:`.rules.stops`) - a member that never started an operator its peers are stuck in (and is not
-  itself stuck in an incomplete operator) is compute-stop; otherwise the node on the most
-  stalled links (the one that could not send or receive) is network-stop.
-* **slow links** (:mod:`.rules.links`, :mod:`.rules.host`) - one node on every persistently slow link is the culprit. Slow in both
-  directions, or only into it, is its NIC / PCIe / downlink: network-slow. Only out of it,
-  on several of its NICs, while traffic into the same NICs runs normally, is its host not
-  posting sends fast enough: host-contention (a NIC or link fault slows both directions;
-  a starved proxy thread slows what the node itself sends). Slow links only between two
-  nodes that each still talk cleanly to third nodes are a path (group). Otherwise the
-  smallest set of nodes covering the slow links is the group (e.g. one leaf switch).
-* **rail skew** (:mod:`.rules.rail`) - records that end milliseconds after the same operator on the node's other
-  NICs (one node's clock) implicate that NIC's communicator; the node present in all of
-  them, on one NIC of its own, has a stalling NIC (a flap): network-slow. Two nodes that
-  only ever appear together are reported as a group.
-* **late arrivals** (:mod:`.rules.late`) - a node persistently last into collectives whose traffic is normal,
-  that does not itself wait for anyone on point-to-point sends, is compute-slow (a node
-  that waits on its pipeline peer is late because of that peer).
+* **stops** (:mod:`.rules.stops`) - a member that never started an operator its peers
+  are stuck in (and is not itself stuck in an incomplete operator) is compute-stop;
+  otherwise the node on the most stalled links (the one that could not send or receive)
+  is network-stop.
+* **slow links** (:mod:`.rules.links`, :mod:`.rules.host`) - one node on every
+  persistently slow link is the culprit. Slow in both directions, or only into it, is its
+  NIC / PCIe / downlink: network-slow. Only out of it, on several of its NICs, while
+  traffic into the same NICs runs normally, is its host not posting sends fast enough:
+  host-contention (a NIC or link fault slows both directions; a starved proxy thread
+  slows what the node itself sends). Slow links only between two nodes that each still
+  talk cleanly to third nodes are a path (group). Otherwise the smallest set of nodes
+  covering the slow links is the group (e.g. one leaf switch).
+* **rail skew** (:mod:`.rules.rail`) - records that end milliseconds after the same
+  operator on the node's other NICs (one node's clock) implicate that NIC's communicator;
+  the node present in all of them, on one NIC of its own, has a stalling NIC (a flap):
+  network-slow. Two nodes that only ever appear together are reported as a group.
+* **late arrivals** (:mod:`.rules.late`) - a node persistently last into collectives whose
+  traffic is normal, that does not itself wait for anyone on point-to-point sends, is
+  compute-slow (a node that waits on its pipeline peer is late because of that peer).
 """
 
 from __future__ import annotations
