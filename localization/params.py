@@ -55,6 +55,22 @@ class LocalizeParams:
     """Records of a shape needed before its reference exists. The reference is the 25th
     percentile of the last 512 (robust even when half of the shape's operators run
     through a faulty node, e.g. a PCIe fault slows all eight rails of one stage)."""
+    ref_size: int = 512
+    """Records kept per shape for its reference (the newest): enough that the records of
+    one faulty node's operators cannot become the reference, few enough that the
+    reference follows a legitimate change of pace."""
+    ref_percentile: int = 25
+    """Percentile of those records that is the reference ACT: below the median, so it stays
+    the healthy pace while up to half of the shape's records run through a faulty node."""
+    ref_percentile_grouped: int = 50
+    """Percentile for GroupP2P rates (rank-level rate, not ACT): a rate has no
+    one-sided fault bias the way ACT has (expert imbalance moves it both ways), so the
+    median."""
+    act_top_frac: float = 0.01
+    """Inside a slow operator, the ranks whose ACT is within max(one epoch, this fraction
+    of the largest ACT) of the largest carry the blame (the ranks sending out of, or into,
+    the bottleneck stay busiest; their neighbours in a throttled ring differ from them by
+    well under 1 %)."""
     min_act_epochs: int = 4
     """Shapes whose reference ACT is below this many epochs are too short to compare: a
     single epoch of quantisation is then more than the ratio above."""
@@ -81,6 +97,10 @@ class LocalizeParams:
     with clean traffic around it fits a NIC fault as well as a path, so wait for more."""
     max_group: int = 4
     """Largest group reported when no single node explains the slow links."""
+    clean_max_slow_frac: float = 0.25
+    """A link counts as clean evidence when at most this fraction of its observations
+    since the slowness began are slow: a healthy link has an occasional jitter outlier,
+    a faulty one is slow in most of its operators (``persist_frac`` and more)."""
 
     # -- rail skew (one NIC stalls: flaps, pauses) ---------------------------------------------
     rail_late_ns: int = 2_000_000
@@ -111,6 +131,23 @@ class LocalizeParams:
     rail_alive_min: int = 2
     """Silent intervals in which one end was seen alive (and the other never) needed
     before the node-level answer."""
+    rail_max_records: int = 64
+    """Rail-late records kept (the newest; older ones also expire after ``rail_keep_ns``).
+    A stalling NIC yields one per operator on its rail, so 64 is many times
+    ``rail_persist`` and bounds the intersection of their member sets."""
+    rail_siblings_max: int = 50_000
+    """Operators (per node, kind, seq, bytes, members) whose per-NIC end times are kept
+    for the sibling comparison; beyond this the oldest ``rail_siblings_drop`` are dropped.
+    A record is compared with siblings issued within ``rail_issue_ns`` of it, i.e. recent
+    operators only: the bound is memory, far above the operators in flight at once."""
+    rail_siblings_drop: int = 25_000
+    """...dropped at once (half: the cost of trimming a dict is paid rarely)."""
+    alive_max: int = 512
+    """Wire times kept per NIC to tell which end of a silent link was up (the newest;
+    beyond this the oldest ``alive_drop`` go). Up to three points per record (first and
+    last epoch, a grant), and the silent intervals asked about are recent."""
+    alive_drop: int = 256
+    """...dropped at once (half)."""
 
     # -- fail-stop -----------------------------------------------------------------------
     stop_frac: float = 0.5
@@ -122,6 +159,10 @@ class LocalizeParams:
     stall_ns: int = 200_000_000
     """An incomplete record is a stall when its node's data goes on this long after its
     last byte (batch runs; a streaming segmenter reports incomplete only after a stall)."""
+    stop_absent_majority: int = 2
+    """Absences name the stopped node when they all name it, or when it is named more
+    than this many times as often as every other node together: a hung rank is absent
+    from every operator of its peers, a pipeline partner only from the few it waits in."""
 
     # -- compute / host ------------------------------------------------------------------
     late_min_ns: int = 5_000_000
@@ -136,7 +177,11 @@ class LocalizeParams:
     late together, so persistence is measured over steps, not buckets."""
     late_frac: float = 0.75
     """Fraction of that window in which the node must be late (and the window at least
-    half full)."""
+    ``late_min_fill`` full)."""
+    late_min_fill: float = 0.5
+    """Fraction of ``late_window`` (rounded down) a communicator's window must hold before
+    its lateness counts: a couple of steps, so a node is not blamed from its first
+    bucket."""
     late_comm_frac: float = 0.75
     """Fraction of the node's communicators that must be persistently late: a GPU or
     host straggler delays all of them."""
@@ -164,10 +209,29 @@ class LocalizeParams:
     behind a slow link in the ring) issues late after a normal gap: a victim, not a
     compute straggler (0: off)."""
 
+    waits_per_window: int = 4
+    """Point-to-point waits (issue to first byte of a send) kept per node, in multiples of
+    ``window_ops``: the node's median wait, compared with the job's, must span several
+    steps so one slow micro-batch does not make a straggler pass for a pipeline victim."""
+    job_waits_window: int = 1024
+    """Point-to-point waits kept job-wide (the newest) for the usual wait a node's own is
+    compared with: a sample of many nodes' sends, so no single node dominates it."""
+
     # -- path / group ----------------------------------------------------------------------
     link_min_obs: int = 3
     """Observations of a link needed before it counts as clean evidence that a node's
     other traffic is fine (used to tell a path from a NIC, a host from a NIC)."""
+
+    # -- confidence --------------------------------------------------------------------------
+    conf_base: float = 0.5
+    """Confidence of an anomaly is ``conf_base + conf_per_op`` per distinct operator of the
+    culprit's own findings, at most ``conf_max``: an anomaly rests on at least
+    ``persist_ops`` operators (0.7 at the default), and every further operator that shows
+    it makes a coincidence less likely."""
+    conf_per_op: float = 0.05
+    """...per distinct operator."""
+    conf_max: float = 0.99
+    """...capped below certainty: the evidence is statistical."""
 
     # -- missing data --------------------------------------------------------------------------
     missing_ops: int = 3
@@ -193,3 +257,27 @@ class LocalizeParams:
             raise ConfigError("LocalizeParams.act_ratio must be > 1")
         if not 0 < self.rate_ratio < 1 or not 0 < self.stop_frac < 1:
             raise ConfigError("LocalizeParams.rate_ratio and stop_frac must be in (0, 1)")
+        for name in ("ref_size", "rail_max_records", "rail_siblings_max", "rail_siblings_drop", "alive_max",
+                     "alive_drop", "waits_per_window", "job_waits_window"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
+        for name in ("ref_percentile", "ref_percentile_grouped"):
+            if not 0 <= getattr(self, name) <= 100:
+                raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be in [0, 100]")
+        for name in ("clean_max_slow_frac", "late_min_fill"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be in [0, 1]")
+        if self.act_top_frac < 0 or self.stop_absent_majority < 0 or self.conf_per_op < 0:
+            bad = next(n for n in ("act_top_frac", "stop_absent_majority", "conf_per_op") if getattr(self, n) < 0)
+            raise ConfigError(f"LocalizeParams.{bad}={getattr(self, bad)}: must be >= 0")
+        if not 0 < self.conf_base <= self.conf_max <= 1:
+            raise ConfigError(f"LocalizeParams.conf_base={self.conf_base}, conf_max={self.conf_max}: "
+                              "need 0 < conf_base <= conf_max <= 1")
+        if self.rail_siblings_drop > self.rail_siblings_max:
+            raise ConfigError(f"LocalizeParams.rail_siblings_drop={self.rail_siblings_drop} exceeds "
+                              f"rail_siblings_max={self.rail_siblings_max}")
+        if self.alive_drop > self.alive_max:
+            raise ConfigError(f"LocalizeParams.alive_drop={self.alive_drop} exceeds alive_max={self.alive_max}")
+        if self.rail_persist > self.rail_max_records:
+            raise ConfigError(f"LocalizeParams.rail_persist={self.rail_persist} exceeds "
+                              f"rail_max_records={self.rail_max_records}: rail skew could never be reported")

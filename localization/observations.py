@@ -1,7 +1,8 @@
-"""Per-operator rules: look at one closed operator (every rank's record of one
+"""Per-operator observations: look at one closed operator (every rank's record of one
 (comm, seq)) and say what it shows.
 
-An operator yields *observations*, which the localizer accumulates over a window:
+An operator yields *observations*, which the localizer accumulates as evidence
+(:mod:`.evidence`) and the rule families (:mod:`.rules`) read over a window:
 
 * **link observations** - for each rank, the links its data crossed (its NIC -> each peer
   it sends to), marked slow or clean. An operator is *slow* when its ACT is well above the
@@ -15,7 +16,7 @@ An operator yields *observations*, which the localizer accumulates over a window
   its peers waited for it (compute straggler).
 * **waits** - how long each point-to-point send waited between issue and first byte (one
   node's clock): a rank that keeps waiting for a peer is a victim, not a straggler.
-* **rail skew** (judged by the localizer, across communicators) - a record that ended much
+* **rail skew** (judged across communicators by :mod:`.rules.rail`) - a record that ended much
   later than the same operator (kind, seq, bytes, members) on the node's other NICs, on
   the node's own clock: something on that one NIC's paths stalled.
 * **stalls** - records of operators that stopped making progress, with the links they
@@ -206,7 +207,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
         return
     ratio = act / ref
     slow = (ratio >= p.act_ratio) & (act - ref >= p.act_min_epochs * epoch)
-    top = act >= act.max() - max(epoch, 0.01 * act.max())
+    top = act >= act.max() - max(epoch, p.act_top_frac * act.max())
     exp = view.col("expected_bytes")
     vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
     resent = vol >= 1.0 + p.vol_excess

@@ -1,0 +1,158 @@
+"""Decisions: the hypotheses the rules produce become open faults, repeated while they
+persist and cleared once the culprit is judged clean for a while; the verdicts (anomaly,
+cleared, insufficient-data, healthy) are written here. (This is the localizer's own
+bookkeeping; the incident records operators see are built from its verdicts by
+:mod:`.lifecycle`.)
+
+One fault per node at a time: a new hypothesis of another kind whose nodes an open
+incident already covers is that incident's consequence, not a second fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from pulse.records import Verdict
+
+from .evidence import Evidence, node_of
+from .observations import Finding
+from .params import LocalizeParams
+
+Key = tuple[str, tuple[str, ...]]
+"""(kind, nodes) of a hypothesis / incident."""
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    kind: str
+    level: str
+    nodes: tuple[str, ...]
+    findings: list[Finding]
+    confidence: float
+    extra: dict[str, Any]
+    ranks: list[int] = dataclasses.field(default_factory=list)
+    nics: list[str] = dataclasses.field(default_factory=list)
+    first_seen_ns: int = 0
+    judged_since: int = 0
+    clean_run: int = 0
+
+
+def make_hypothesis(p: LocalizeParams, kind: str, level: str, nodes: tuple[str, ...], fs: list[Finding],
+                  culprit: str | None = None, extra: dict[str, Any] | None = None) -> Hypothesis:
+    """A hypothesis: ``nodes`` are blamed for ``kind`` on the findings ``fs``; its ranks,
+    NICs, first-seen time and confidence come from the culprit's own findings."""
+    own = [f for f in fs if f.node in nodes] or fs
+    if culprit is not None:
+        own = [f for f in fs if f.node == culprit] or own
+    ops = {(f.comm_id, f.seq) for f in own}
+    conf = round(min(p.conf_max, p.conf_base + p.conf_per_op * len(ops)), 3)
+    inc = Hypothesis(kind, level, nodes, fs, conf, extra or {})
+    inc.ranks = sorted({f.rank for f in own if f.node in nodes})
+    nics = {f.endpoint for f in own if f.node in nodes and "/" in f.endpoint
+            and ":" not in f.endpoint.split("/", 1)[1]}
+    if not nics and kind in ("network-slow", "network-stop"):
+        nics = {e for f in fs for e in f.peer_eps if node_of(e) in nodes and ":" not in e.split("/", 1)[1]}
+    inc.nics = sorted(nics)
+    inc.first_seen_ns = min((f.start_ns for f in own), default=0)
+    return inc
+
+
+class DecisionBook:
+    """Open incidents of one job, and when the hypotheses were last evaluated."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self.open: dict[Key, Hypothesis] = {}
+        self.any_alarm = False
+        self.since_healthy = 0
+        self._hyps: dict[Key, Hypothesis] = {}
+        self._hyps_at: int | None = None
+
+    def decide(self, ev: Evidence, touched: set[str], job: str, final: bool,
+               hypotheses: Callable[[], dict[Key, Hypothesis]]) -> list[Verdict]:
+        """After one judged operator (of nodes ``touched``): report nodes without data,
+        re-evaluate the hypotheses when due, open / repeat / clear incidents."""
+        p = self.p
+        out: list[Verdict] = []
+        for node, c in ev.missing.items():
+            if c >= p.missing_ops and node not in ev.insufficient:
+                ev.insufficient.add(node)
+                out.append(verdict(job, ev, "insufficient-data", None, "node", (node,), [], [], 0.5,
+                                   {"reason": f"no operator records from {node} in {c} operators its peers completed"},
+                                   {"ops": c}, ev.last_end_ns))
+        # Hypotheses only change when some window holds evidence (or an incident may clear).
+        if not (ev.busy() or self.open):
+            self._hyps, self._hyps_at = {}, None
+        elif final or self._hyps_at is None or ev.last_end_ns - self._hyps_at >= p.hypotheses_every_ns:
+            self._hyps, self._hyps_at = hypotheses(), ev.last_end_ns
+        hyps = self._hyps
+        for key, inc in hyps.items():
+            cur = self.open.get(key)
+            if cur is None:
+                if any(k[0] != key[0] and set(key[1]) <= set(k[1]) for k in self.open):
+                    continue  # one fault per node at a time: the open incident explains it
+                self.open[key] = inc
+                self.any_alarm = True
+                out.append(anomaly(job, ev, inc))
+                continue
+            cur.findings, cur.confidence, cur.extra = inc.findings, inc.confidence, inc.extra
+            cur.ranks = sorted(set(cur.ranks) | set(inc.ranks))
+            cur.nics = sorted(set(cur.nics) | set(inc.nics))
+            cur.clean_run = 0
+            if touched & set(cur.nodes):
+                cur.judged_since += 1
+                if cur.judged_since >= p.repeat_every:
+                    cur.judged_since = 0
+                    out.append(anomaly(job, ev, cur))
+        for key in list(self.open):
+            if key in hyps:
+                continue
+            cur = self.open[key]
+            if touched & set(cur.nodes):
+                cur.clean_run += 1
+            if cur.clean_run >= p.clear_ops:
+                del self.open[key]
+                out.append(verdict(job, ev, "cleared", cur.kind, cur.level, cur.nodes, cur.ranks, cur.nics,
+                                   cur.confidence, {"cleared_after_clean_ops": cur.clean_run},
+                                   {"ops": cur.clean_run}, cur.first_seen_ns))
+        if not self.open and self.since_healthy >= p.healthy_every:
+            out.append(self.healthy(job, ev))
+        return out
+
+    def healthy(self, job: str, ev: Evidence) -> Verdict:
+        self.since_healthy = 0
+        nodes = sorted({node_of(k[0]) for k in ev.links.obs} - ev.insufficient)
+        return verdict(job, ev, "healthy", None, None, tuple(nodes), [], [], 0.9,
+                       {"judged_nodes": len(nodes), "closed_ops": ev.closed_ops},
+                       {"ops": ev.closed_ops}, ev.last_end_ns)
+
+
+def anomaly(job: str, ev: Evidence, inc: Hypothesis) -> Verdict:
+    own = [f for f in inc.findings if f.node in inc.nodes] or inc.findings
+    shown = sorted(own, key=lambda f: (f.end_ns, f.comm_id, f.seq))[-8:]
+    evidence: dict[str, Any] = {"rule": dict(Counter(f.kind for f in inc.findings)),
+                                "findings": [f.evidence() for f in shown],
+                                "outlier_ops": len({(f.comm_id, f.seq) for f in own}), **inc.extra}
+    if inc.level == "group" or inc.kind in ("network-slow", "host-contention"):
+        evidence["links"] = sorted({f"{f.endpoint}->{d}" for f in inc.findings for d in f.peer_eps})[:16]
+    comms = sorted({f.comm_id for f in own})
+    seqs = [f.seq for f in own]
+    window = {"comm_id": comms[0] if len(comms) == 1 else comms, "first_seq": min(seqs, default=0),
+              "last_seq": max(seqs, default=0), "ops": len({(f.comm_id, f.seq) for f in own}),
+              "decided_at_ns": max((f.end_ns for f in own), default=ev.last_end_ns)}
+    return Verdict(job=job, status="anomaly", kind=inc.kind, level=inc.level, nodes=list(inc.nodes),
+                   ranks=inc.ranks, nics=inc.nics, confidence=inc.confidence, evidence=evidence, window=window,
+                   first_seen_ns=inc.first_seen_ns, emitted_at=time.time_ns(), method="pulse")
+
+
+def verdict(job: str, ev: Evidence, status: str, kind: str | None, level: str | None, nodes: tuple[str, ...],
+            ranks: list[int], nics: list[str], conf: float, evidence: dict[str, Any], window: dict[str, Any],
+            first_seen: int) -> Verdict:
+    window = {"comm_id": None, "first_seq": None, "last_seq": None, **window, "decided_at_ns": ev.last_end_ns}
+    return Verdict(job=job, status=status, kind=kind, level=level, nodes=list(nodes), ranks=ranks,
+                   nics=nics, confidence=conf, evidence=evidence, window=window, first_seen_ns=first_seen,
+                   emitted_at=time.time_ns(), method="pulse")

@@ -1,0 +1,252 @@
+"""The evidence the localizer accumulates between operators, which the rule families
+(:mod:`.rules`) read.
+
+Each class holds one kind of evidence, bounded (windows, capped buffers), and only
+records: deciding what it means is the rules' job. :class:`Evidence` bundles them with
+the job's topology and the end of each node's data.
+
+* :class:`References` - the job-wide reference ACT (or GroupP2P rate) per operator shape.
+* :class:`LinkWindows` - per directed NIC-to-NIC link, its last observations (slow/clean).
+* :class:`Lateness` - per (node, communicator), late arrivals; point-to-point waits; the
+  end of each rank's previous operator (its compute gap).
+* :class:`StopEvidence` - stalled records, absences, and the point-to-point receives each
+  node posted (who waits for what).
+* :class:`RailEvidence` - per-NIC end times of the same operator (siblings) and the
+  rail-late records found among them.
+* :class:`AlivePoints` - when each NIC last moved bytes, and in which communicator.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict, deque
+from typing import Any
+
+import numpy as np
+
+from pulse.events import GROUPED, P2P, OpEvent
+from pulse.records import OpMetrics
+
+from .observations import Finding, LinkObs
+from .params import LocalizeParams
+from .robust import RollingRef
+from .topology import Topology
+
+Link = tuple[str, str]
+"""(sender endpoint, receiver endpoint), each node/nic."""
+
+
+def node_of(endpoint: str) -> str:
+    return endpoint.split("/", 1)[0]
+
+
+class References:
+    """Job-wide reference per operator shape (kind, bytes, ranks): a low percentile of the
+    recent records' ACT, or for GroupP2P (volumes differ per operator: expert imbalance)
+    the median rank-level rate of all grouped operators of that size."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self._refs: dict[tuple[str, int, int], RollingRef] = defaultdict(lambda: RollingRef(p.ref_size))
+
+    @staticmethod
+    def shape(r: OpMetrics) -> tuple[str, int, int]:
+        return (r.kind, 0 if r.kind == GROUPED else r.expected_bytes, r.nranks)
+
+    def of(self, r: OpMetrics) -> float | None:
+        """The reference for ``r``'s shape, None while too few records have been seen."""
+        ref = self._refs[self.shape(r)]
+        if len(ref) < self.p.ref_min:
+            return None
+        return ref.percentile(self.p.ref_percentile_grouped if r.kind == GROUPED else self.p.ref_percentile)
+
+    def add(self, ordered: list[OpMetrics]) -> None:
+        """A complete operator's records join its shape's sample."""
+        grouped = ordered[0].kind == GROUPED
+        self._refs[self.shape(ordered[0])].extend(
+            np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64))
+
+
+class LinkWindows:
+    """Per directed link, its last ``window_ops`` observations, with running counts so a
+    rule only scans the links that are persistently slow (``hot``)."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self.obs: dict[Link, deque[LinkObs]] = defaultdict(lambda: deque(maxlen=p.window_ops))
+        self.n_slow = 0
+        """Slow observations inside the windows (none: no slow link, no network hypothesis)."""
+        self.slow_count: Counter[Link] = Counter()
+        """Slow observations per link window."""
+        self.hot: dict[Link, None] = {}
+        """Links with at least persist_ops slow observations (candidates for link_state)."""
+
+    def add(self, lk: LinkObs) -> None:
+        key = (lk.src, lk.dst)
+        win = self.obs[key]
+        if len(win) == win.maxlen and win[0].slow:
+            self.n_slow -= 1
+            self.slow_count[key] -= 1
+        win.append(lk)
+        if lk.slow:
+            self.n_slow += 1
+            self.slow_count[key] += 1
+        if self.slow_count[key] >= self.p.persist_ops:
+            self.hot[key] = None
+        else:
+            self.hot.pop(key, None)
+
+
+class Lateness:
+    """Late arrivals per (node, communicator) over ``late_window`` operators, point-to-point
+    waits (issue to first byte) per node and job-wide, and the end of each rank's previous
+    operator."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.windows: dict[tuple[str, str], deque[Finding | None]] = defaultdict(
+            lambda: deque(maxlen=p.late_window))
+        """(node, comm) -> per judged operator, its late finding or None."""
+        self.n_late = 0
+        """Late findings inside the windows."""
+        self.waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=p.waits_per_window * p.window_ops))
+        self.all_waits: deque[float] = deque(maxlen=p.job_waits_window)
+        self.prev_end: dict[tuple[str, int], tuple[int, int]] = {}
+        """(comm, rank) -> (seq, end_ns) of its last judged operator."""
+
+    def add(self, node: str, comm: str, f: Finding | None) -> None:
+        lw = self.windows[(node, comm)]
+        if len(lw) == lw.maxlen and lw[0] is not None:
+            self.n_late -= 1
+        lw.append(f)
+        self.n_late += f is not None
+
+    def add_wait(self, node: str, w: float) -> None:
+        self.waits[node].append(w)
+        self.all_waits.append(w)
+
+
+class StopEvidence:
+    """Stalled records, members absent from operators their peers are stuck in, and the
+    point-to-point state: the receiver's side of a send has no record of its own (it sends
+    no data), so its posted receives (hook events) say who waits for what."""
+
+    def __init__(self) -> None:
+        self.stalls: list[Finding] = []
+        self.absent: list[Finding] = []
+        self.last_recv: dict[tuple[str, str], tuple[int, int, int]] = {}
+        """(comm, node) -> (seq, rank, t_host_ns) of the last receive it posted with a time."""
+        self.p2p_issued: dict[tuple[str, str], int] = {}
+        """(comm, node) -> the last receive that node's rank posted there (its seq)."""
+        self.p2p_seen: dict[str, int] = {}
+        """comm -> the last point-to-point seq with a record."""
+        self.p2p_done: dict[str, int] = {}
+        """comm -> the last point-to-point seq with a complete record."""
+
+    def note_recv(self, e: OpEvent) -> None:
+        key = (e.comm_id, e.node)
+        self.p2p_issued[key] = max(self.p2p_issued.get(key, -1), e.seq)
+        if e.t_host_ns is not None and e.rank is not None:
+            self.last_recv[key] = (e.seq, e.rank, e.t_host_ns)
+
+    def note_record(self, m: OpMetrics) -> None:
+        if m.kind in P2P:
+            self.p2p_seen[m.comm_id] = max(self.p2p_seen.get(m.comm_id, -1), m.seq)
+            if m.complete:
+                self.p2p_done[m.comm_id] = max(self.p2p_done.get(m.comm_id, -1), m.seq)
+
+
+class RailEvidence:
+    """The same operator on a node's NICs: per (node, kind, seq, bytes, nranks, member
+    nodes), each NIC's (end_ns, t_host_ns, comm); and the rail-late records found, each
+    with the member nodes of its communicator."""
+
+    def __init__(self, p: LocalizeParams, topo: Topology) -> None:
+        self.p = p
+        self.topo = topo
+        self.siblings: dict[tuple[Any, ...], list[tuple[int, int, str]]] = {}
+        self.records: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=p.rail_max_records)
+        self._comm_nodes: dict[str, frozenset[str]] = {}
+
+    def member_nodes(self, comm: str) -> frozenset[str]:
+        nodes = self._comm_nodes.get(comm)
+        if nodes is None:
+            members = self.topo.members(comm)
+            nodes = frozenset(members.values())
+            if len(members) >= self.topo.nranks.get(comm, 1 << 30):
+                self._comm_nodes[comm] = nodes  # complete: membership no longer changes
+        return nodes
+
+    def key(self, m: OpMetrics) -> tuple[Any, ...]:
+        return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, self.member_nodes(m.comm_id) | {m.node})
+
+    def note_record(self, m: OpMetrics) -> None:
+        if m.complete and m.kind != GROUPED and m.t_host_ns is not None:
+            self.siblings.setdefault(self.key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id))
+
+    def trim(self) -> None:
+        if len(self.siblings) > self.p.rail_siblings_max:
+            for k in list(self.siblings)[:self.p.rail_siblings_drop]:
+                del self.siblings[k]
+
+
+class AlivePoints:
+    """Per NIC (node/nic), recent wire times (sorted, node clock) at which it moved bytes
+    (a record's first and last epoch, a credit grant it received), and the communicator of
+    each: which end of a silent link was up."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self._points: dict[str, tuple[list[int], list[str]]] = {}
+
+    def note(self, m: OpMetrics) -> None:
+        times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
+        if m.granted_ns is not None:
+            times.append(m.granted_ns)
+        for nic in (m.nics or ()) if times else ():
+            ep = nic if "/" in nic else f"{m.node}/{nic}"
+            ts, cs = self._points.setdefault(ep, ([], []))
+            for t in times:
+                i = bisect.bisect_right(ts, t)  # records close nearly in time order: ~the end
+                ts.insert(i, t)
+                cs.insert(i, m.comm_id)
+            if len(ts) > self.p.alive_max:
+                del ts[:self.p.alive_drop], cs[:self.p.alive_drop]
+
+    def points(self, ep: str) -> tuple[list[int], list[str]]:
+        """(times, comms) of ``ep``, sorted by time (empty lists when never seen)."""
+        return self._points.get(ep, ([], []))
+
+
+class Evidence:
+    """Everything the rules read about one job."""
+
+    def __init__(self, p: LocalizeParams, topo: Topology | None = None) -> None:
+        self.p = p
+        self.topo = topo or Topology()
+        self.data_end: dict[str, int] = {}
+        """node -> how far its data (epoch batches, node clock) is known to extend."""
+        self.refs = References(p)
+        self.links = LinkWindows(p)
+        self.late = Lateness(p)
+        self.stops = StopEvidence()
+        self.rail = RailEvidence(p, self.topo)
+        self.alive = AlivePoints(p)
+        self.missing: Counter[str] = Counter()
+        """node -> closed operators in a row without its record while its peers completed."""
+        self.insufficient: set[str] = set()
+        """Nodes reported insufficient-data: no rule blames them."""
+        self.closed_ops = 0
+        self.last_end_ns = 0
+
+    def busy(self) -> bool:
+        """Whether any window holds evidence a rule could act on."""
+        return bool(self.links.n_slow or self.late.n_late or self.stops.stalls or self.stops.absent
+                    or self.rail.records)
+
+    def stalled(self, m: OpMetrics) -> bool:
+        if m.complete:
+            return False
+        end = self.data_end.get(m.node)
+        # Without a known data end the segmenter only reports an operator incomplete
+        # after it stalled; with one, an operator cut off by the end of the input is not.
+        return end is None or end - m.end_ns >= self.p.stall_ns

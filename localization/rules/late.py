@@ -1,0 +1,110 @@
+"""Lateness: compute-slow.
+
+Physical facts relied on:
+
+* A collective cannot finish before its last rank arrives, so the ranks that arrived on
+  time wait for it: in an operator whose traffic is normal, the rank whose span from
+  issuing to the end (its own clock) is much shorter than its peers' arrived late. A GPU
+  or host straggler is late into every one of its communicators, step after step; buckets
+  of one step are late together, so persistence is judged per communicator over
+  ``late_window`` operators, then over the node's communicators.
+* Vetoes - lateness that is a consequence, not a cause:
+  - a rank whose previous operator ended late (its own sends, or the last chunk from its
+    ring predecessor) issues late after a *normal* compute gap: it waited for the
+    network (:func:`late_explained`);
+  - a node that waits for its point-to-point (pipeline) peers more than is usual is late
+    because of them; the straggler itself never waits;
+  - a point-to-point peer of a node another rule already blames waits for that node.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from pulse.records import OpMetrics
+
+from ..decisions import Hypothesis, Key, make_hypothesis
+from ..evidence import Evidence
+from ..observations import Finding
+from ..params import LocalizeParams
+from ..robust import median
+
+
+def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Finding,
+                   ordered: list[OpMetrics]) -> bool:
+    """A late issue that follows a normal compute gap after a previous operator that
+    ended late (its own sends, or the ring predecessor's it received last): the rank
+    waited for the network, not for its own compute. Reads the previous operators' ends,
+    so it is asked before this operator's ends are recorded."""
+    if p.late_gap_frac <= 0:
+        return False
+    prev_end = ev.late.prev_end
+    gaps: dict[int, float] = {}
+    for r in ordered:
+        prev = prev_end.get((comm, r.rank))
+        if prev is None or prev[0] != seq - 1 or r.t_host_ns is None:
+            return False  # no previous operator to measure the gap from: keep the finding
+        done = prev[1]
+        # A rank whose own sends ended early still waits for the last chunk from its ring
+        # predecessor (the lab's CPU-starved rank keeps its successor waiting while its
+        # own predecessor's sends stall on a full receive window).
+        for pr in ev.topo.ring_predecessors(comm, r.rank):
+            pe = prev_end.get((comm, pr))
+            if pe is not None and pe[0] == seq - 1:
+                done = max(done, pe[1])
+        gaps[r.rank] = float(r.t_host_ns - done)
+    if f.rank not in gaps or len(gaps) < 2:
+        return False
+    others = median([g for rk, g in gaps.items() if rk != f.rank])
+    lag = f.peers - f.value  # how much later than its peers the rank issued
+    return gaps[f.rank] - others < p.late_gap_frac * lag
+
+
+def waits_on(ev: Evidence, blamed: set[str]) -> set[str]:
+    """Point-to-point (two-rank communicator) peers of the blamed nodes."""
+    out: set[str] = set()
+    if blamed:
+        for comm, nr in ev.topo.nranks.items():
+            nodes = set(ev.topo.members(comm).values())
+            if nr == 2 and nodes & blamed:
+                out |= nodes - blamed
+    return out
+
+
+def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
+                    open_nodes: set[str]) -> dict[Key, Hypothesis]:
+    """compute-slow for each node persistently late in most of its communicators, unless
+    already explained, a pipeline peer of a blamed node (``explained`` by this round's
+    other rules or ``open_nodes`` of open incidents), or a usual waiter."""
+    out: dict[Key, Hypothesis] = {}
+    lt = ev.late
+    if not lt.n_late:
+        return out
+    job_wait = float(np.median(lt.all_waits)) if lt.all_waits else 0.0
+    # Lateness is judged per communicator (the buckets of one step are late
+    # together: persistence must span several steps), then per node: most of the
+    # node's communicators must show it.
+    # A point-to-point (pipeline) peer of a node already blamed arrives late because
+    # it waits for that node: not a second straggler.
+    waits_on_blamed = waits_on(ev, explained | open_nodes)
+    min_fill = int(p.late_min_fill * p.late_window)
+    per_node: dict[str, list[tuple[int, list[Finding]]]] = defaultdict(list)
+    for (node, _comm), win in lt.windows.items():
+        hits = [f for f in win if f is not None]
+        flagged = len(win) >= min_fill and len(hits) >= p.late_frac * len(win)
+        per_node[node].append((int(flagged), hits))
+    for node, comms in per_node.items():
+        if node in explained or node in ev.insufficient or node in waits_on_blamed:
+            continue
+        if sum(f for f, _ in comms) < max(1, p.late_comm_frac * len(comms)):
+            continue
+        hits = [h for f, hs in comms if f for h in hs]
+        waits = lt.waits.get(node)
+        if waits and len(waits) >= p.link_min_obs and float(np.median(waits)) > job_wait:
+            # it waits for its point-to-point peers more than is usual: it is late
+            # because of them (a pipeline victim); the straggler itself never waits
+            continue
+        out[("compute-slow", (node,))] = make_hypothesis(p, "compute-slow", "node", (node,), hits)
+    return out

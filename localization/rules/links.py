@@ -1,0 +1,124 @@
+"""Slow links: network-slow (one node), path (two nodes) or group (a few nodes).
+
+Physical facts relied on:
+
+* Every byte of a NIC's traffic crosses that NIC, its PCIe link and its switch port: a
+  fault there slows every link that starts or ends at it, so one node on every
+  persistently slow link is the culprit (network-slow, with that NIC). Slow in both
+  directions, or only into it, is its NIC / PCIe / downlink; only out of it, on several
+  NICs, is its host (:mod:`.host`, asked first).
+* A fault on the path between two nodes (a switch-to-switch link, a route) slows only
+  their traffic with each other: when each of them still sends and receives cleanly with
+  third nodes, neither NIC explains the slow links - a path (group of two).
+* Otherwise the smallest set of nodes covering the slow links is the group (e.g. the
+  nodes behind one leaf switch).
+* One slow link alone fits its sender, its receiver and the path alike: wait for more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..decisions import Hypothesis, Key, make_hypothesis
+from ..evidence import Evidence, Link, node_of
+from ..observations import Finding
+from ..params import LocalizeParams
+from .host import host_hypothesis
+
+
+def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link]]:
+    """Persistently slow links (at least ``persist_ops`` slow observations, and
+    ``persist_frac`` of the window), and links seen clean since the slowness began (older
+    clean observations say nothing about the fault)."""
+    links = ev.links
+    slow: dict[Link, list[Finding]] = {}
+    for key in links.hot:
+        obs = links.obs[key]
+        if node_of(key[0]) in ev.insufficient or node_of(key[1]) in ev.insufficient:
+            continue
+        hits = [o.finding for o in obs if o.slow and o.finding is not None]
+        if len(hits) >= p.persist_ops and len(hits) >= p.persist_frac * len(obs):
+            slow[key] = hits
+    clean: set[Link] = set()
+    if slow:
+        # Clean observations only count from when the slowness was there: the median
+        # start of the slow hits, not the first (an outlier before the fault began
+        # would let pre-fault traffic pass for clean evidence).
+        since = int(np.median([f.start_ns for fs in slow.values() for f in fs]))
+        for key, obs in links.obs.items():
+            if key in slow:
+                continue
+            recent = [o for o in obs if o.end_ns >= since]
+            if len(recent) >= p.link_min_obs and sum(o.slow for o in recent) <= p.clean_max_slow_frac * len(recent):
+                clean.add(key)
+    return slow, clean
+
+
+def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
+    return slow_link_hypotheses(*link_state(ev, p), p)
+
+
+def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
+                         p: LocalizeParams) -> dict[Key, Hypothesis]:
+    """The culprit of the slow links, given the link state (slow links with their findings,
+    clean links)."""
+    if not slow:
+        return {}
+    pairs = {(node_of(a), node_of(b)) for a, b in slow}
+    nodes_in = sorted({n for pair in pairs for n in pair})
+    covers = [x for x in nodes_in if all(x in pair for pair in pairs)]
+    hits = [f for fs in slow.values() for f in fs]
+    clean_pairs = {(node_of(a), node_of(b)) for a, b in clean}
+
+    host = host_hypothesis(slow, clean, p)
+    if host:
+        return host
+    senders = {s for s, _ in pairs}
+    if len(senders) == 1 and len(covers) in (1, 2):
+        # Only what x sends is slow, and no host verdict yet: until its receivers are
+        # seen receiving cleanly from others (or slowly, a downlink), wait.
+        x = next(iter(senders))
+        out_nics = {k[0] for k in slow}
+        receivers = {node_of(k[1]) for k in slow}
+        if len(out_nics) >= p.host_min_nics:
+            rx_slow = any(node_of(b) in receivers and node_of(a) != x for a, b in slow)
+            in_slow = any(node_of(b) == x for a, b in slow)
+            rx_ok = all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers)
+            if not (rx_slow or in_slow or rx_ok):
+                return {}
+    if len(slow) < 2:
+        return {}  # one slow link fits its sender, its receiver and the path alike: wait
+    if len(covers) == 1:
+        x = covers[0]
+        return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+    if len(covers) == 2:
+        a, b = covers
+
+        def by_path(src: str, dst: str) -> bool:
+            # the sender still sends cleanly to a third node, and the receiver still
+            # receives cleanly from one: neither NIC explains the slow link
+            return (any(s == src and d not in (a, b) for s, d in clean_pairs)
+                    and any(d == dst and s not in (a, b) for s, d in clean_pairs))
+        nic_pairs = {tuple(sorted(k)) for k in slow}
+        if all(by_path(s, d) for s, d in pairs):
+            if len(nic_pairs) < p.path_min_links:
+                return {}  # one NIC pair only: a NIC or a path, wait for more evidence
+            return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
+        if len(nic_pairs) < 2:
+            return {}  # both directions of one NIC pair: either NIC or the path, wait
+        if not all(any(n in cp for cp in clean_pairs) for n in (a, b)):
+            return {}  # nothing yet on a's or b's traffic with third nodes: NIC, host or path
+        if len(senders) == 1:
+            x = next(iter(senders))
+            return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+        return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
+    if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
+        return {}
+    remaining = set(pairs)
+    group: list[str] = []
+    while remaining and len(group) < p.max_group:
+        best = max(nodes_in, key=lambda n: sum(n in pair for pair in remaining))
+        group.append(best)
+        remaining = {pair for pair in remaining if best not in pair}
+    grp = tuple(sorted(group))
+    return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}

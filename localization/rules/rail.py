@@ -1,0 +1,108 @@
+"""Rail skew: one NIC of a node stalls (a link flap, PFC pauses) while its other NICs run.
+
+Physical facts relied on:
+
+* The same operator (kind, seq, bytes, members) issued at the same moment on a node's
+  several NICs (one communicator per rail) ends within an epoch or two on all of them;
+  a GPU or host straggler delays every NIC of its node alike. So a record that ends
+  ``rail_late_ns`` after its siblings' median - compared on the node's own clock, no
+  offset involved - has something on that one NIC's paths stalled.
+* The rail-late records implicate their communicator's member nodes; the node present in
+  all of them, with most of its own rail-late records on one NIC, has the stalling NIC.
+  Two nodes present in all of them are the two ends of one stalled link: an end whose
+  NIC moved bytes with a third party while the link was silent was up, so the other end
+  is the culprit (else both are reported as a group).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Any
+
+from pulse.events import GROUPED
+from pulse.records import OpMetrics
+
+from ..decisions import Hypothesis, Key, make_hypothesis
+from ..evidence import AlivePoints, Evidence
+from ..observations import RAIL, Finding
+from ..params import LocalizeParams
+from ..robust import median
+
+
+def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetrics], endpoints: list[str],
+                peer_eps: list[tuple[str, ...]]) -> None:
+    """Compare each record of a closed operator with the same operator on its node's other
+    NICs; rail-late records join ``ev.rail.records``."""
+    rail = ev.rail
+    members = rail.member_nodes(comm) | {r.node for r in ordered}
+    for i, r in enumerate(ordered):
+        if not r.complete or r.kind == GROUPED or r.t_host_ns is None:
+            continue
+        # siblings: the same operator issued at the same moment on the node's other NICs
+        sib = [e for e, th, c in rail.siblings.get(rail.key(r), ())
+               if c != comm and abs(th - r.t_host_ns) <= p.rail_issue_ns]
+        if len(sib) < p.rail_min_siblings:
+            continue
+        ref = median(sib)
+        if r.end_ns - ref >= p.rail_late_ns:
+            f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(r.end_ns - ref), 0.0,
+                        "end_after_other_nics_ns", r.start_ns, r.end_ns, peer_eps[i])
+            rail.records.append((f, members))
+    rail.trim()
+
+
+def alive_in(alive: AlivePoints, p: LocalizeParams, ep: str, findings: list[Finding]) -> set[tuple[str, int]]:
+    """The rail-late records during whose silent wait (issued with its siblings, not
+    on the wire yet) ``ep`` moved bytes in another communicator."""
+    ts, cs = alive.points(ep)
+    m = p.rail_alive_margin_ns
+    hits = set()
+    for f in findings:
+        lo, hi = f.end_ns - f.value + m, f.start_ns - m
+        if hi <= lo:
+            continue
+        i = bisect.bisect_right(ts, lo)
+        while i < len(ts) and ts[i] < hi:
+            if cs[i] != f.comm_id:
+                hits.add((f.comm_id, f.seq))
+                break
+            i += 1
+    return hits
+
+
+def rail_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str]) -> dict[Key, Hypothesis]:
+    """network-slow for the node (or the two nodes) common to every recent rail-late
+    record, unless another rule already explains it."""
+    records = ev.rail.records
+    while records and records[0][0].end_ns < ev.last_end_ns - p.rail_keep_ns:
+        records.popleft()
+    if len(records) < p.rail_persist:
+        return {}
+    sets = [m for _f, m in records]
+    common = sorted(frozenset.intersection(*sets) - ev.insufficient)
+    findings = [f for f, _m in records]
+    if not common or len(common) > 2 or set(common) & explained:
+        return {}
+    for x in common:
+        own = [f.endpoint for f in findings if f.node == x]
+        if not own or Counter(own).most_common(1)[0][1] < p.rail_nic_frac * len(own):
+            return {}  # x's late records spread over its NICs: not one NIC (a host)
+    nic_of = {x: Counter(f.endpoint for f in findings if f.node == x).most_common(1)[0][0] for x in common}
+    extra: dict[str, Any] = {}
+    if len(common) == 2:
+        # the two ends of one stalled link: an end seen moving bytes with a third party
+        # while the link was silent was up; the other one stopped
+        alive = {x: alive_in(ev.alive, p, nic_of[x], findings) for x in common}
+        up = [x for x in common if len(alive[x]) >= p.rail_alive_min]
+        if len(up) == 1 and not alive[common[0] if up[0] == common[1] else common[1]]:
+            extra["alive_during_stall"] = {nic_of[up[0]]: sorted(f"{c}#{s}" for c, s in alive[up[0]])[:8]}
+            common = [x for x in common if x != up[0]]
+    nodes = tuple(common)
+    level = "node" if len(nodes) == 1 else "group"
+    nics = sorted(nic_of[x] for x in nodes)
+    extra.update({"stalled_nics": nics, "comms": sorted({f.comm_id for f in findings})[:8]})
+    inc = make_hypothesis(p, "network-slow", level, nodes, findings, culprit=nodes[0] if level == "node" else None,
+                        extra=extra)
+    inc.nics = nics
+    return {("network-slow", nodes): inc}

@@ -1,0 +1,163 @@
+"""Stops: network-stop and compute-stop.
+
+Physical facts relied on:
+
+* A collective cannot complete without every rank, and a point-to-point send cannot
+  complete without its receive posted: when one node stops, every operator involving it
+  stalls, then (milliseconds later) the operators of ranks waiting on those. Only the
+  *first* stalls / absences - those within ``stall_first_ns`` of the earliest, well above
+  the clock offset - say where the traffic stopped; the later ones are victims.
+* A member that never started an operator its peers are stuck in (and is not itself
+  stuck in an incomplete operator or a receive) stopped computing: compute-stop. A hung
+  GPU also posts no receives, so a send stalled on a receive that was never posted is
+  its victim, not its network.
+* Otherwise the node on the most first-stalled links is where the network stopped
+  (network-stop). Between the two ends of the stalled link(s), the one that sent the
+  least is the stopped one; when both sent nothing (a receiver's dead NIC stalls its
+  sender at zero bytes), the end whose NIC went on moving bytes with a third party after
+  the stall was up.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from typing import Any
+
+from ..decisions import Hypothesis, Key, make_hypothesis
+from ..evidence import Evidence, node_of
+from ..observations import ABSENT, Finding
+from ..params import LocalizeParams
+
+
+def waits_on_recv(ev: Evidence, p: LocalizeParams) -> tuple[set[str], list[Finding]]:
+    """Nodes stuck in a point-to-point receive (for longer than a stall), and findings
+    for senders that never even issued the send those receivers wait for."""
+    st = ev.stops
+    waiting: set[str] = set()
+    absent: list[Finding] = []
+    for (comm, node), (seq, rank, t_host) in st.last_recv.items():
+        end = ev.data_end.get(node)
+        if end is None or end - t_host < p.stall_ns or seq <= st.p2p_done.get(comm, -1):
+            continue
+        waiting.add(node)
+        if seq > st.p2p_seen.get(comm, -1):
+            for r, n in ev.topo.members(comm).items():
+                if r != rank and n != node:
+                    absent.append(Finding(ABSENT, comm, seq, r, n, n, 0.0, 1.0, "started", t_host, t_host))
+    return waiting, absent
+
+
+def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
+    """Findings for receivers that never issued the receive a stalled point-to-point
+    send waits for (a hung GPU posts nothing): the sender is not stuck on its network.
+    Only once the receiver's own data (when known) goes on for a stall's length past
+    the send."""
+    st = ev.stops
+    out: list[Finding] = []
+    for f in st.stalls:
+        if f.comm_id not in st.p2p_seen:
+            continue
+        members = ev.topo.members(f.comm_id)
+        for rank in ev.topo.peers_of(f.comm_id, f.rank):
+            peer = members.get(rank)
+            last = st.p2p_issued.get((f.comm_id, peer or ""))
+            end = ev.data_end.get(peer or "")
+            # as in Evidence.stalled: without a known data end (streaming), the stall
+            # itself was only reported after stall_ns of the sender's data
+            if (peer is not None and last is not None and last < f.seq
+                    and (end is None or end - f.start_ns >= p.stall_ns)):
+                out.append(Finding(ABSENT, f.comm_id, f.seq, rank, peer, peer, 0.0, 1.0, "started",
+                                   f.start_ns, f.start_ns))
+    return out
+
+
+def alive_after(ev: Evidence, p: LocalizeParams, node: str, first: list[Finding]) -> int:
+    """Points at which ``node``'s NICs on the stalled links moved bytes in another
+    communicator after the first stall's last progress (plus the clock-offset margin)."""
+    eps = {f.endpoint for f in first if f.node == node}
+    eps |= {e for f in first for e in f.peer_eps if node_of(e) == node}
+    comms = {f.comm_id for f in first}
+    lo = min(f.end_ns for f in first) + p.rail_alive_margin_ns
+    n = 0
+    for ep in eps:
+        ts, cs = ev.alive.points(ep)
+        for i in range(bisect.bisect_right(ts, lo), len(ts)):
+            n += cs[i] not in comms
+    return n
+
+
+def compute_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
+    """The node that stopped issuing operators, if the first absences name one."""
+    st = ev.stops
+    stuck_nodes = {f.node for f in st.stalls}
+    waiting, p2p_absent = waits_on_recv(ev, p)
+    # A node missing from an operator is the stopped one only if it is not itself
+    # stuck in communication (an incomplete send, a receive that never arrives).
+    absent = [f for f in st.absent + p2p_absent + unposted_receivers(ev, p)
+              if f.node not in stuck_nodes | waiting and f.node not in ev.insufficient]
+    if absent:
+        # As with stalls, only the first absences say who stopped: the others are
+        # ranks that stopped issuing because they wait for it (a pipeline partner
+        # stuck in an AllReduce with the hung rank's node is absent from its sends).
+        t0 = min(f.start_ns for f in absent)
+        absent = [f for f in absent if f.start_ns <= t0 + p.stall_first_ns]
+        if st.stalls and min(f.end_ns for f in st.stalls) + p.stall_first_ns < t0:
+            absent = []  # the traffic stopped before anyone went missing: a stop's victims
+    if absent:
+        nodes = Counter(f.node for f in absent)
+        node, n = nodes.most_common(1)[0]
+        if n == sum(nodes.values()) or n > p.stop_absent_majority * (sum(nodes.values()) - n):
+            return {("compute-stop", (node,)): make_hypothesis(p, "compute-stop", "node", (node,),
+                                                             [f for f in absent if f.node == node])}
+    return {}
+
+
+def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
+    """The node (or the two ends) where the traffic stopped first."""
+    stalls = ev.stops.stalls
+    if not any(f.value <= p.stop_frac for f in stalls):
+        return {}
+    # Each stalled record implicates its node and the peers it could not finish
+    # sending to; the node on the most stalled links is where the traffic stopped.
+    # Only the first stalls say where the traffic stopped: a stop hangs the job, and
+    # the operators that stall afterwards (peers no longer posting receives, whole
+    # pipeline stages waiting) implicate the victims. "First" spans stall_first_ns,
+    # well above the clock offset, so no decision hangs on sub-offset timing.
+    t0 = min(f.end_ns for f in stalls)
+    first = [f for f in stalls if f.end_ns <= t0 + p.stall_first_ns]
+    sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
+    hits = Counter(n for s in sets for n in s)
+    # ties between a sender and its receiver: the node that sent the least (its own
+    # stalled records, nearly empty) is where the traffic stopped
+    sent = Counter(f.node for f in first if f.value <= p.stop_frac)
+    ranked = sorted(hits.items(), key=lambda kv: (-kv[1], -sent.get(kv[0], 0), kv[0]))
+    best, nb = ranked[0]
+    tied = [n for n, c in ranked if c == nb]
+    extra: dict[str, Any] = {}
+    if len(tied) == 2:
+        # the two ends of the stalled link(s): an end whose NIC went on moving bytes
+        # with a third party after the traffic stopped was up (a receiver's dead NIC
+        # stalls the sender at zero bytes too, so "sent the least" cannot tell them)
+        alive = {x: alive_after(ev, p, x, first) for x in tied}
+        up = [x for x in tied if alive[x] >= p.rail_alive_min]
+        if len(up) == 1 and not alive[tied[0] if up[0] == tied[1] else tied[1]]:
+            extra["alive_after_stall"] = {up[0]: alive[up[0]]}
+            tied = [x for x in tied if x != up[0]]
+            best = tied[0]
+    if len(tied) > 1 and sent.get(best, 0) > max(sent.get(n, 0) for n in tied[1:]):
+        tied = [best]
+    if len(tied) == 1:
+        best = tied[0]
+        own = [f for f in first if f.node == best] or first
+        return {("network-stop", (best,)): make_hypothesis(p, "network-stop", "node", (best,), own, extra=extra)}
+    grp = tuple(sorted(tied))
+    return {("network-stop", grp): make_hypothesis(p, "network-stop", "group", grp, first)}
+
+
+def stop_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
+    """compute-stop when the first absences name a node, else network-stop once a stalled
+    record sent at most ``stop_frac`` of its bytes."""
+    if not ev.stops.stalls and not ev.stops.absent:
+        return {}
+    return compute_stop(ev, p) or network_stop(ev, p)

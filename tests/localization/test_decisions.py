@@ -1,0 +1,29 @@
+"""Hypothesis construction (localization/decisions.py): culprit, NICs and confidence from
+hand-built findings."""
+
+from __future__ import annotations
+
+from pulse.localization.decisions import make_hypothesis
+from pulse.localization.observations import ACT
+from pulse.localization.params import LocalizeParams
+
+from .findings import ep, finding
+
+
+def _fs(n_ops: int):
+    return [finding(ACT, "a", seq=i, endpoint=ep("a", 1), start=100 + i, to=(ep("b"),)) for i in range(n_ops)] + \
+        [finding(ACT, "b", seq=99, rank=1, endpoint=ep("b"), start=5, to=(ep("a"),))]
+
+
+def test_confidence_grows_with_the_culprits_operators_and_is_capped():
+    p = LocalizeParams()
+    assert make_hypothesis(p, "network-slow", "node", ("a",), _fs(4), culprit="a").confidence == 0.7
+    assert make_hypothesis(p, "network-slow", "node", ("a",), _fs(40), culprit="a").confidence == 0.99
+    q = LocalizeParams(conf_base=0.2, conf_per_op=0.1, conf_max=0.5)
+    assert make_hypothesis(q, "network-slow", "node", ("a",), _fs(2), culprit="a").confidence == 0.4
+    assert make_hypothesis(q, "network-slow", "node", ("a",), _fs(4), culprit="a").confidence == 0.5
+
+
+def test_ranks_nics_and_first_seen_come_from_the_culprits_own_findings():
+    inc = make_hypothesis(LocalizeParams(), "network-slow", "node", ("a",), _fs(3), culprit="a")
+    assert inc.ranks == [0] and inc.nics == [ep("a", 1)] and inc.first_seen_ns == 100

@@ -1,0 +1,56 @@
+"""Host contention (localization/rules/host.py) on a hand-built link state."""
+
+from __future__ import annotations
+
+from pulse.localization.params import LocalizeParams
+from pulse.localization.rules.host import excess, host_hypothesis
+
+from .findings import ep, slow_link
+
+P = LocalizeParams()
+
+
+def _state(in_excess: float | None = None, nics: int = 2):
+    """node a sends slowly on ``nics`` NICs to b and c (x2); b and c still receive cleanly
+    from d; optionally b's sends into a are slow by ``in_excess``."""
+    slow = {(ep("a", 0), ep("b", 0)): slow_link(ep("a", 0), ep("b", 0)),
+            (ep("a", nics - 1), ep("c", nics - 1)): slow_link(ep("a", nics - 1), ep("c", nics - 1))}
+    if in_excess is not None:
+        slow[(ep("b", 0), ep("a", 0))] = slow_link(ep("b", 0), ep("a", 0), excess=in_excess)
+    clean = {(ep("d", 0), ep("b", 0)), (ep("d", 1), ep("c", nics - 1)), (ep("d", 0), ep("a", 0))}
+    return slow, clean
+
+
+def test_excess_is_the_median_act_slowdown():
+    assert abs(excess(slow_link(ep("a"), ep("b"), excess=0.3)) - 0.3) < 1e-12
+    assert excess([]) == 0.0
+
+
+def test_slow_sends_on_two_nics_with_clean_receivers_is_host_contention():
+    slow, clean = _state()
+    got = host_hypothesis(slow, clean, P)
+    assert list(got) == [("host-contention", ("a",))]
+    inc = got[("host-contention", ("a",))]
+    assert inc.extra["slow_out_nics"] == [ep("a", 0), ep("a", 1)]
+    assert inc.extra["clean_in_nics"] == [ep("a", 0)]
+    assert inc.extra["out_excess"] == 1.0 and inc.extra["in_excess"] == 0.0
+
+
+def test_traffic_into_the_node_slow_as_well_is_not_the_host():
+    # a NIC / PCIe fault slows both directions alike
+    slow, clean = _state(in_excess=1.0)
+    assert host_hypothesis(slow, clean, P) == {}
+    # into the node much less slow than out of it: still the host
+    slow, clean = _state(in_excess=0.2)
+    assert list(host_hypothesis(slow, clean, P)) == [("host-contention", ("a",))]
+
+
+def test_slow_sends_on_one_nic_only_is_not_the_host():
+    slow, clean = _state(nics=1)
+    assert host_hypothesis(slow, clean, P) == {}
+
+
+def test_receivers_not_seen_receiving_cleanly_from_others_is_not_the_host():
+    slow, clean = _state()
+    clean.discard((ep("d", 1), ep("c", 1)))  # c's downlink may be the problem
+    assert host_hypothesis(slow, clean, P) == {}

@@ -1,0 +1,103 @@
+"""Lateness (localization/rules/late.py) on hand-fed lateness windows, waits and
+previous-operator ends."""
+
+from __future__ import annotations
+
+from pulse.localization.observations import LATE
+from pulse.localization.rules.late import late_explained, late_hypotheses
+
+from . import synth
+from .findings import MS, evidence, finding
+
+A, B, C = (synth.node(i) for i in range(3))
+
+
+def late(node: str, comm: str = "c0", seq: int = 0):
+    return finding(LATE, node, comm=comm, seq=seq, value=MS, ref=20 * MS, metric="issue_to_end_ns")
+
+
+def fill(ev, node: str, comm: str, n: int = 16, late_every: int = 1) -> None:
+    for i in range(n):
+        ev.late.add(node, comm, late(node, comm, i) if late_every and i % late_every == 0 else None)
+
+
+def test_a_node_late_in_most_of_its_communicators_is_compute_slow():
+    ev, p = evidence()
+    fill(ev, A, "c0")
+    fill(ev, A, "c1")
+    fill(ev, B, "c0", late_every=0)
+    got = late_hypotheses(ev, p, set(), set())
+    assert list(got) == [("compute-slow", (A,))]
+    assert len(got[("compute-slow", (A,))].findings) == 32
+
+
+def test_late_in_one_communicator_of_two_is_not_enough():
+    ev, p = evidence()
+    fill(ev, A, "c0")
+    fill(ev, A, "c1", late_every=0)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+
+
+def test_now_and_then_late_is_not_persistent():
+    ev, p = evidence()
+    fill(ev, A, "c0", late_every=2)  # half the window, below late_frac
+    assert late_hypotheses(ev, p, set(), set()) == {}
+
+
+def test_a_window_less_than_half_full_does_not_count_yet():
+    ev, p = evidence()
+    fill(ev, A, "c0", n=7)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+    ev, p = evidence(late_min_fill=0.25)
+    fill(ev, A, "c0", n=7)
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]
+
+
+def test_a_node_that_waits_for_its_pipeline_peers_more_than_usual_is_their_victim():
+    ev, p = evidence()
+    fill(ev, A, "c0")
+    for _ in range(3):
+        ev.late.add_wait(A, 5 * MS)
+    for _ in range(5):
+        ev.late.add_wait(B, MS)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+    ev, p = evidence()
+    fill(ev, A, "c0")
+    for _ in range(3):
+        ev.late.add_wait(A, MS)  # waits as usual: still the straggler
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]
+
+
+def test_the_pipeline_peer_of_a_blamed_node_and_blamed_nodes_are_not_stragglers():
+    ev, p = evidence()
+    ev.topo.add(synth.comm_events("pp", [0, 2], ["mlx5_0", "mlx5_0"], 1))
+    fill(ev, A, "c0")
+    assert late_hypotheses(ev, p, set(), {C}) == {}    # an open incident on C
+    assert late_hypotheses(ev, p, {C}, set()) == {}    # this round's other rules blame C
+    assert late_hypotheses(ev, p, {A}, set()) == {}
+    ev.insufficient.add(A)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+
+
+def _gap_case(own_prev_end: int, pred_prev_end: int = 0, **kw):
+    """Rank 0 (ring c0 = 0 -> 1 -> ... -> 4) issues seq 5 at 55 ms, the others at 5 ms after
+    their previous operators ended at 0; rank 0's previous ended at ``own_prev_end`` and
+    its ring predecessor's (rank 4) at ``pred_prev_end``."""
+    ev, p = evidence(**kw)
+    ev.topo.add(synth.comm_events("c0", [0, 1, 2, 3, 4], ["mlx5_0"] * 5, 1))
+    ev.late.prev_end.update({("c0", r): (4, 0) for r in range(1, 4)})
+    ev.late.prev_end.update({("c0", 0): (4, own_prev_end), ("c0", 4): (4, pred_prev_end)})
+    ordered = [synth.record("c0", 5, r, r, kind="AllReduce", nranks=5, start=60 * MS, end=61 * MS,
+                            t_host=(55 if r == 0 else 5) * MS, nic="mlx5_0") for r in range(5)]
+    f = finding(LATE, A, comm="c0", seq=5, rank=0, value=MS, ref=51 * MS, metric="issue_to_end_ns")
+    return late_explained(ev, p, "c0", 5, f, ordered)
+
+
+def test_late_after_a_normal_gap_behind_a_late_previous_operator_waited_for_the_network():
+    assert _gap_case(own_prev_end=50 * MS)
+    assert _gap_case(own_prev_end=0, pred_prev_end=50 * MS)  # the last chunk came late from its predecessor
+
+
+def test_late_after_a_long_compute_gap_is_its_own():
+    assert not _gap_case(own_prev_end=0)
+    assert not _gap_case(own_prev_end=50 * MS, late_gap_frac=0.0)  # veto off

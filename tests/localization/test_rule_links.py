@@ -1,0 +1,79 @@
+"""Slow links (localization/rules/links.py): the link state from hand-fed link windows,
+and the culprit of a given link state."""
+
+from __future__ import annotations
+
+from pulse.localization.params import LocalizeParams
+from pulse.localization.rules.links import link_state, slow_link_hypotheses
+
+from .findings import MS, ep, evidence, observe, slow_link
+
+P = LocalizeParams()
+
+
+def test_link_state_needs_persistent_slowness_and_recent_clean_observations():
+    ev, p = evidence()
+    observe(ev, ep("a"), ep("b"), [False] * 6 + [True] * 6)       # slow in 6 of 12: persistent
+    observe(ev, ep("c"), ep("d"), [True, False, False] * 4)        # 4 of 12: below persist_frac
+    observe(ev, ep("a", 1), ep("d", 1), [False] * 12)              # clean since the slowness began
+    observe(ev, ep("b"), ep("c"), [False] * 6, t0=-20 * MS)        # clean, but only before it
+    slow, clean = link_state(ev, p)
+    assert list(slow) == [(ep("a"), ep("b"))] and len(slow[(ep("a"), ep("b"))]) == 6
+    assert (ep("a", 1), ep("d", 1)) in clean
+    assert (ep("b"), ep("c")) not in clean
+    assert (ep("c"), ep("d")) not in clean  # slow in a third of its recent observations
+
+
+def test_link_state_ignores_links_of_nodes_without_data():
+    ev, p = evidence()
+    observe(ev, ep("a"), ep("b"), [True] * 12)
+    ev.insufficient.add("b")
+    assert link_state(ev, p) == ({}, set())
+
+
+def test_clean_fraction_is_a_parameter():
+    ev, p = evidence(clean_max_slow_frac=0.5)
+    observe(ev, ep("a"), ep("b"), [True] * 12)
+    observe(ev, ep("c"), ep("d"), [True, False, False] * 4)
+    assert (ep("c"), ep("d")) in link_state(ev, p)[1]
+
+
+def test_the_node_on_every_slow_link_is_network_slow():
+    # a's NIC slow in both directions
+    slow = {(ep("a"), ep("b")): slow_link(ep("a"), ep("b")), (ep("c"), ep("a")): slow_link(ep("c"), ep("a"))}
+    got = slow_link_hypotheses(slow, set(), P)
+    assert list(got) == [("network-slow", ("a",))]
+    assert got[("network-slow", ("a",))].nics == [ep("a")]
+
+
+def test_one_slow_link_waits_for_more_evidence():
+    slow = {(ep("a"), ep("b")): slow_link(ep("a"), ep("b"))}
+    assert slow_link_hypotheses(slow, set(), P) == {}
+    # even where one NIC pair would do for a path, and both ends talk cleanly to others
+    clean = {(ep("a"), ep("c")), (ep("c"), ep("b"))}
+    assert slow_link_hypotheses(slow, clean, LocalizeParams(path_min_links=1)) == {}
+    assert slow_link_hypotheses({}, set(), P) == {}
+
+
+def _path(clean_third: bool):
+    # a <-> b slow both ways on two NIC pairs; each still talks cleanly with c and d
+    slow = {(ep(x, k), ep(y, k)): slow_link(ep(x, k), ep(y, k)) for k in (0, 1) for x, y in (("a", "b"), ("b", "a"))}
+    clean = {(ep("a"), ep("c")), (ep("c"), ep("b")), (ep("b"), ep("d")), (ep("d"), ep("a"))} if clean_third else set()
+    return slow, clean
+
+
+def test_slow_only_between_two_nodes_that_talk_cleanly_to_others_is_a_path():
+    assert list(slow_link_hypotheses(*_path(True), P)) == [("path", ("a", "b"))]
+
+
+def test_two_nodes_without_clean_traffic_elsewhere_wait():
+    # either NIC could explain it until third-party traffic is seen
+    assert slow_link_hypotheses(*_path(False), P) == {}
+
+
+def test_no_node_on_every_link_is_the_smallest_covering_group():
+    pairs = [("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")]
+    slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in pairs}
+    got = slow_link_hypotheses(slow, set(), P)
+    assert list(got) == [("path", ("a", "d"))]
+    assert list(slow_link_hypotheses(slow, set(), LocalizeParams(max_group=1))) == [("path", ("a",))]

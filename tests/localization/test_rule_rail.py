@@ -1,0 +1,105 @@
+"""Rail skew (localization/rules/rail.py): sibling comparison on hand-fed records, and the
+hypothesis from hand-built rail-late records."""
+
+from __future__ import annotations
+
+from pulse.localization.observations import RAIL
+from pulse.localization.rules.rail import judge_rails, rail_hypotheses
+
+from . import synth
+from .findings import MS, ep, evidence, finding
+
+A, B, C, D = (synth.node(i) for i in range(4))
+
+
+def _rails(ev, n: int = 4) -> None:
+    """n rail communicators r0.., each between A (rank 0) and B (rank 1), on NIC mlx5_k."""
+    for k in range(n):
+        ev.topo.add(synth.comm_events(f"r{k}", [0, 1], [f"mlx5_{k}"] * 2, 10 * k))
+
+
+def _rec(k: int, end: int, t_host: int = 0):
+    return synth.record(f"r{k}", 7, 0, 0, kind="AllReduce", nranks=2, start=end - MS, end=end, t_host=t_host,
+                        nic=f"mlx5_{k}")
+
+
+def _judge(ev, p, late_by: int, issued_apart: int = 0) -> None:
+    _rails(ev)
+    for k in (1, 2, 3):
+        ev.rail.note_record(_rec(k, 10 * MS, t_host=issued_apart * k))
+    r = _rec(0, 10 * MS + late_by)
+    judge_rails(ev, p, "r0", [r], [ep(A)], [(ep(B),)])
+
+
+def test_a_record_ending_long_after_its_siblings_on_other_nics_is_rail_late():
+    ev, p = evidence()
+    _judge(ev, p, p.rail_late_ns)
+    assert [(f.kind, f.node, f.endpoint, f.value) for f, _m in ev.rail.records] == [
+        (RAIL, A, ep(A), float(p.rail_late_ns))]
+    assert ev.rail.records[0][1] == frozenset({A, B})
+
+
+def test_a_record_ending_with_its_siblings_is_not():
+    ev, p = evidence()
+    _judge(ev, p, p.rail_late_ns - 1)
+    assert not ev.rail.records
+
+
+def test_records_issued_apart_are_not_siblings():
+    ev, p = evidence()
+    _judge(ev, p, p.rail_late_ns, issued_apart=p.rail_issue_ns + 1)
+    assert not ev.rail.records
+
+
+def _late(node: str, nic: int = 0, i: int = 0):
+    t = i * 100 * MS
+    return finding(RAIL, node, comm="r0", seq=i, endpoint=ep(node, nic), value=10 * MS, ref=0.0,
+                   metric="end_after_other_nics_ns", start=t + 15 * MS, end=t + 20 * MS)
+
+
+def test_the_node_in_every_rail_late_operator_on_one_nic_is_network_slow():
+    ev, p = evidence()
+    for i, other in enumerate((B, C, D)):
+        ev.rail.records.append((_late(A, i=i), frozenset({A, other})))
+    ev.last_end_ns = 300 * MS
+    got = rail_hypotheses(ev, p, set())
+    assert list(got) == [("network-slow", (A,))]
+    assert got[("network-slow", (A,))].nics == [ep(A)]
+    assert rail_hypotheses(ev, p, {A}) == {}  # another rule explains A
+
+
+def test_rail_late_records_spread_over_the_nodes_nics_are_not_one_nic():
+    ev, p = evidence()
+    for i, other in enumerate((B, C, D)):
+        ev.rail.records.append((_late(A, nic=i, i=i), frozenset({A, other})))
+    assert rail_hypotheses(ev, p, set()) == {}
+
+
+def test_old_or_too_few_rail_late_records_do_not_count():
+    ev, p = evidence()
+    for i, other in enumerate((B, C)):
+        ev.rail.records.append((_late(A, i=i), frozenset({A, other})))
+    assert rail_hypotheses(ev, p, set()) == {}
+    ev.rail.records.append((_late(A, i=2), frozenset({A, D})))
+    ev.last_end_ns = 300 * MS + p.rail_keep_ns
+    assert rail_hypotheses(ev, p, set()) == {}
+    assert len(ev.rail.records) == 0
+
+
+def test_two_ends_the_one_moving_bytes_during_the_silence_was_up():
+    def ev_with(alive: bool):
+        ev, p = evidence()
+        for i in range(4):
+            ev.rail.records.append((_late(A if i % 2 else B, i=i), frozenset({A, B})))
+            if alive:  # A's NIC moves bytes in another communicator inside the silent interval
+                t = i * 100 * MS + 12 * MS
+                ev.alive.note(synth.record("other", i, 0, 0, kind="AllReduce", nranks=2, start=t, end=t + MS // 2,
+                                           t_host=t, nic="mlx5_0"))
+        ev.last_end_ns = 400 * MS
+        return ev, p
+    ev, p = ev_with(True)
+    got = rail_hypotheses(ev, p, set())
+    assert list(got) == [("network-slow", (B,))]
+    assert got[("network-slow", (B,))].extra["alive_during_stall"] == {ep(A): ["r0#0", "r0#1", "r0#2", "r0#3"]}
+    ev, p = ev_with(False)
+    assert list(rail_hypotheses(ev, p, set())) == [("network-slow", (A, B))]

@@ -1,0 +1,126 @@
+"""Stops (localization/rules/stops.py) on hand-built stalls, absences and receives."""
+
+from __future__ import annotations
+
+from pulse.localization.observations import ABSENT, STALL
+from pulse.localization.rules.stops import stop_hypotheses, unposted_receivers, waits_on_recv
+
+from . import synth
+from .findings import MS, ep, evidence, finding
+
+A, B, C, D, E = (synth.node(i) for i in range(5))
+
+
+def stall(node: str, to: str, *, sent: float = 0.0, end: int = 10 * MS):
+    return finding(STALL, node, value=sent, metric="sent_fraction", start=end - MS, end=end,
+                   to=(ep(to),))
+
+
+def absent(node: str, start: int = 10 * MS, seq: int = 0):
+    return finding(ABSENT, node, seq=seq, endpoint=node, value=0.0, metric="started", start=start, end=start)
+
+
+def test_the_node_on_most_first_stalled_links_is_network_stop():
+    ev, p = evidence()
+    ev.stops.stalls += [stall(A, B), stall(C, A, sent=0.5)]
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+    # victims stalling later (beyond stall_first_ns) do not move the blame
+    ev.stops.stalls += [stall(D, x, end=500 * MS) for x in (B, C, E)] + [stall(E, D, end=500 * MS)]
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+
+
+def test_stalls_that_sent_most_of_their_bytes_are_not_a_stop():
+    ev, p = evidence()
+    ev.stops.stalls += [stall(A, B, sent=0.9), stall(C, A, sent=0.8)]
+    assert stop_hypotheses(ev, p) == {}
+
+
+def test_two_stuck_ends_the_one_alive_with_a_third_party_is_up():
+    def ev_with(alive_points: int):
+        ev, p = evidence()
+        ev.stops.stalls += [stall(A, B), stall(B, A)]
+        for i in range(alive_points):  # A's NIC moves bytes in another communicator after the stall
+            t = 20 * MS + i * MS
+            ev.alive.note(synth.record("other", i, 0, 0, kind="AllReduce", nranks=2, start=t, end=t + 100,
+                                       t_host=t, nic="mlx5_0"))
+        return ev, p
+    ev, p = ev_with(1)  # one record: its first and last epoch are two points (rail_alive_min)
+    got = stop_hypotheses(ev, p)
+    assert list(got) == [("network-stop", (B,))]
+    assert got[("network-stop", (B,))].extra == {"alive_after_stall": {A: 2}}
+    ev, p = ev_with(0)
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A, B))]
+
+
+def test_the_member_absent_from_an_operator_its_peers_are_stuck_in_is_compute_stop():
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(A, B, sent=0.9))
+    ev.stops.absent.append(absent(D))
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (D,))]
+
+
+def test_an_absent_node_that_is_itself_stuck_is_not_compute_stop():
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(D, B, sent=0.9))
+    ev.stops.absent.append(absent(D))
+    assert stop_hypotheses(ev, p) == {}
+
+
+def test_absences_after_the_traffic_stopped_are_victims():
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(A, B, end=0))
+    ev.stops.absent.append(absent(D, start=10 * MS))
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+
+
+def test_absences_must_mostly_name_one_node():
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(A, B, sent=0.9))
+    ev.stops.absent += [absent(D, seq=0), absent(D, seq=1), absent(E, seq=2)]
+    assert stop_hypotheses(ev, p) == {}  # 2 vs 1: not more than twice the others
+    ev.stops.absent.append(absent(D, seq=3))
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (D,))]
+    ev, p = evidence(stop_absent_majority=1)
+    ev.stops.stalls.append(stall(A, B, sent=0.9))
+    ev.stops.absent += [absent(D, seq=0), absent(D, seq=1), absent(E, seq=2)]
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (D,))]
+
+
+def _p2p(ev):
+    ev.topo.add(synth.comm_events("p", [0, 1], ["mlx5_0", "mlx5_0"], 1))
+
+
+def test_a_receiver_waiting_past_a_stall_and_the_sender_that_never_sent():
+    ev, p = evidence()
+    _p2p(ev)
+    ev.stops.last_recv[("p", B)] = (5, 1, 0)
+    ev.data_end[B] = p.stall_ns
+    waiting, missing = waits_on_recv(ev, p)
+    assert waiting == {B}
+    assert [(f.kind, f.node, f.seq) for f in missing] == [(ABSENT, A, 5)]
+    ev.stops.p2p_seen["p"] = 5  # the sender has a record of that send: not absent
+    assert waits_on_recv(ev, p) == ({B}, [])
+    ev.stops.p2p_done["p"] = 5  # and it completed: nobody waits
+    assert waits_on_recv(ev, p) == (set(), [])
+
+
+def test_a_receive_waiting_less_than_a_stall_is_not_waiting():
+    ev, p = evidence()
+    _p2p(ev)
+    ev.stops.last_recv[("p", B)] = (5, 1, 0)
+    ev.data_end[B] = p.stall_ns - 1
+    assert waits_on_recv(ev, p) == (set(), [])
+
+
+def test_a_send_stalled_on_a_receive_never_posted_blames_the_receiver():
+    ev, p = evidence()
+    _p2p(ev)
+    ev.stops.p2p_seen["p"] = 5
+    ev.stops.stalls.append(finding(STALL, A, comm="p", seq=5, rank=0, value=0.0, metric="sent_fraction",
+                                   start=MS, end=2 * MS, to=(ep(B),)))
+    ev.stops.p2p_issued[("p", B)] = 4
+    assert [(f.kind, f.node) for f in unposted_receivers(ev, p)] == [(ABSENT, B)]
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (B,))]
+    ev.stops.p2p_issued[("p", B)] = 5  # it did post it: the sender is stuck on its network
+    assert unposted_receivers(ev, p) == []
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
