@@ -27,7 +27,7 @@ SMALL = ["--nodes", "4", "--gpus-per-node", "2", "--nics-per-node", "1", "--step
 
 
 def _read(broker: str, topic: str) -> list[bytes]:
-    from pulse.streams.app import read_back
+    from pulse.streams.readback import read_back
 
     return [m.value for m in asyncio.run(read_back(broker, topic, timeout_s=30))]
 

@@ -93,7 +93,7 @@ def running_worker(settings: Settings, tmp: Path, env: dict[str, str] | None = N
 async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 5.0) -> list[tuple[bytes | None, bytes]]:
     """Every message of ``topic`` as (key, value), read by a plain aiokafka consumer without a
     group (``pulse.streams.app.read_back``: it also copes with Tansu's short end offsets)."""
-    from pulse.streams.app import read_back
+    from pulse.streams.readback import read_back
 
     return [(m.key, m.value) for m in await read_back(bootstrap, topic, timeout_s=timeout_s)]
 

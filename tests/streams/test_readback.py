@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from pulse.streams.app import committed_offsets, read_back
+from pulse.streams.readback import committed_offsets, read_back
 from streamkit import unique_settings
 
 pytestmark = pytest.mark.slow
