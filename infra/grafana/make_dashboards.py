@@ -3,7 +3,7 @@
 
 The JSON files are what Grafana loads; this script is their source, so the queries stay
 consistent with the measurements the pipeline's InfluxDB sink writes (DESIGN.md "Wire
-contracts": pulse_op, pulse_verdict, pulse_pipeline). Edit here, run it, commit both:
+contracts": pulse_op, pulse_verdict, pulse_incident, pulse_pipeline). Edit here, run it, commit both:
 
     python infra/grafana/make_dashboards.py              # rewrite the JSON files
     python infra/grafana/make_dashboards.py --check      # exit 1 if they are out of date
@@ -28,6 +28,7 @@ DS = {"type": "influxdb", "uid": "pulse-influxdb"}
 
 OP = '"pulse_op"'
 VERDICT = '"pulse_verdict"'
+INCIDENT = '"pulse_incident"'
 PIPELINE = '"pulse_pipeline"'
 JOB = '"job" =~ /^$job$/'
 NODE = '"node" =~ /^$node$/'
@@ -112,7 +113,17 @@ def annotations() -> dict[str, Any]:
     return {"list": [
         {"builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
          "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard"},
-        {"name": "Pulse verdicts", "datasource": DS, "enable": True, "hide": False, "iconColor": "red",
+        # One mark per incident state change on every time series panel (the rate panels
+        # included): where a fault opened, and where it was resolved.
+        {"name": "Incidents opened", "datasource": DS, "enable": True, "hide": False, "iconColor": "red",
+         "query": (f'SELECT "summary", "kind", "nodes" FROM {INCIDENT} '
+                   f"WHERE $timeFilter AND {JOB} AND \"state\" = 'open'"),
+         "textColumn": "summary", "tagsColumn": "kind"},
+        {"name": "Incidents resolved", "datasource": DS, "enable": True, "hide": False, "iconColor": "green",
+         "query": (f'SELECT "summary", "kind", "resolution" FROM {INCIDENT} '
+                   f"WHERE $timeFilter AND {JOB} AND \"state\" = 'resolved'"),
+         "textColumn": "summary", "tagsColumn": "resolution"},
+        {"name": "Pulse verdicts", "datasource": DS, "enable": False, "hide": False, "iconColor": "orange",
          "query": (f'SELECT "nodes", "kind", "level", "confidence" FROM {VERDICT} '
                    f"WHERE $timeFilter AND {JOB} AND \"status\" = 'anomaly'"),
          "textColumn": "nodes", "tagsColumn": "kind"},
@@ -192,6 +203,35 @@ def overview() -> dict[str, Any]:
         "options": {"orientation": "horizontal", "displayMode": "gradient",
                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
     }, 12, 8)
+    lay.row("Incidents")
+    lay.add({
+        "type": "stat", "title": "Incidents opened",
+        "description": "Faults found in the range (one incident per fault, however long it lasts).",
+        "targets": [target(f"SELECT count(\"confidence\") FROM {INCIDENT} WHERE $timeFilter AND {JOB} "
+                           f"AND \"state\" = 'open'")],
+        "fieldConfig": {"defaults": {"unit": "short", "color": {"mode": "thresholds"},
+                                     "thresholds": {"mode": "absolute", "steps": [
+                                         {"color": "green", "value": None}, {"color": "red", "value": 1}]}},
+                        "overrides": []},
+        "options": {"reduceOptions": {"calcs": ["sum"], "fields": "", "values": False}, "colorMode": "background"},
+    }, 6, 8)
+    lay.add({
+        "type": "table", "title": "Incidents",
+        "description": "Every state change of every incident: opened, updated (what it names changed), "
+                       "resolved (evidence stopped, or the job ended). The summary says which node and NIC, "
+                       "which metric and how far from its peers.",
+        "targets": [target(f'SELECT "state", "kind", "level", "nodes", "nics", "summary", "confidence", "ops", '
+                           f'"resolution", "id" FROM {INCIDENT} WHERE $timeFilter AND {JOB} '
+                           f"ORDER BY time DESC LIMIT 200", fmt="table")],
+        "fieldConfig": {"defaults": {}, "overrides": [
+            {"matcher": {"id": "byName", "options": "state"},
+             "properties": [{"id": "custom.cellOptions", "value": {"type": "color-text"}},
+                            {"id": "mappings", "value": [{"type": "value", "options": {
+                                "open": {"color": "red", "index": 0},
+                                "updated": {"color": "orange", "index": 1},
+                                "resolved": {"color": "green", "index": 2}}}]}]}]},
+        "options": {"showHeader": True, "sortBy": [{"displayName": "Time", "desc": True}]},
+    }, 18, 8)
     lay.row("Verdicts")
     lay.add({
         "type": "stat", "title": "Anomaly verdicts",

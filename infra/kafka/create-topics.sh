@@ -29,6 +29,15 @@ topics() {
   echo "$prefix.verdicts         $partitions"
   echo "$prefix.dead-letter      1"
   echo "$prefix.pipeline         1"
+  echo "$prefix.incidents        $partitions"
+}
+
+# Topics keyed by something whose latest value is all that matters: compacted.
+config_of() {
+  case "$1" in
+    *.incidents) echo "--config cleanup.policy=compact" ;;
+    *) echo "" ;;
+  esac
 }
 
 if [ "${1:-}" = "--print" ]; then
@@ -38,8 +47,9 @@ fi
 
 status=0
 while read -r name want; do
+  # shellcheck disable=SC2046  # the config is zero or two words, split on purpose
   "$kafka_bin/kafka-topics.sh" --bootstrap-server "$bootstrap" --create --if-not-exists \
-    --topic "$name" --partitions "$want" --replication-factor 1
+    --topic "$name" --partitions "$want" --replication-factor 1 $(config_of "$name")
   have=$("$kafka_bin/kafka-topics.sh" --bootstrap-server "$bootstrap" --describe --topic "$name" \
     | grep -o 'PartitionCount: *[0-9]*' | grep -o '[0-9]*$' || true)
   if [ "$have" != "$want" ]; then

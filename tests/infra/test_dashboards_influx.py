@@ -42,6 +42,7 @@ def written(influxdb1: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert r.returncode == 0, r.stderr[-3000:]
     result = diagnose(Path(trace))
     assert result.metrics and result.anomalies, "the nic-slow trace gave no operators or no anomaly"
+    assert {i.state for i in result.incidents} >= {"open", "resolved"}
     settings = Settings(broker="127.0.0.1:1", worker_id="pulse-worker")
 
     async def write() -> dict:
@@ -51,6 +52,7 @@ def written(influxdb1: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
         pipe = Pipeline(settings, bootstrap="127.0.0.1:1", influx=sink)
         sink.add_metrics(result.metrics)
         sink.add_verdicts(result.verdicts)
+        sink.add_incidents(result.incidents)
         # The worker's timer writes one record per interval; several give the derivatives
         # of the cumulative counters something to work on.
         now = time.time_ns()
@@ -73,7 +75,7 @@ def written(influxdb1: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     return info
 
 
-MEASUREMENTS = ("pulse_op", "pulse_verdict", "pulse_pipeline")
+MEASUREMENTS = ("pulse_op", "pulse_verdict", "pulse_incident", "pulse_pipeline")
 
 
 def _time_range(url: str, text: str = "") -> tuple[int, int]:
@@ -91,7 +93,7 @@ def _time_range(url: str, text: str = "") -> tuple[int, int]:
 
 
 def test_the_sink_wrote_every_measurement(influxdb1: str, written: dict) -> None:
-    for m in ("pulse_op", "pulse_verdict", "pulse_pipeline"):
+    for m in MEASUREMENTS:
         s = influx_query(influxdb1, DB, f'SELECT count(*) FROM "{m}"')
         assert s and max(v for v in s[0]["values"][0][1:] if v is not None) > 0, m
     ops = influx_query(influxdb1, DB, 'SELECT count("act_us") FROM "pulse_op"')[0]["values"][0][1]
@@ -141,3 +143,20 @@ def test_node_variable_lists_the_jobs_nodes(influxdb1: str, written: dict) -> No
     q = substitute(var["node"]["query"], start_ms=start_ms, end_ms=end_ms, interval="1s",
                    variables={"job": ["no-such-job"]})
     assert influx_query(influxdb1, DB, q) == []
+
+
+def test_the_provisioned_alert_rule_query_finds_the_incident(influxdb1: str, written: dict) -> None:
+    import yaml
+
+    rules = yaml.safe_load((Path(__file__).resolve().parents[2] / "infra/grafana/provisioning/alerting/pulse.yaml")
+                           .read_text(encoding="utf-8"))
+    [group] = rules["groups"]
+    [rule] = group["rules"]
+    assert rule["condition"] == "C" and {d["refId"] for d in rule["data"]} == {"A", "B", "C"}
+    query = next(d for d in rule["data"] if d["refId"] == "A")
+    assert query["datasourceUid"] == "pulse-influxdb"
+    start_ms, end_ms = _time_range(influxdb1, query["model"]["query"])
+    text = substitute(query["model"]["query"], start_ms=start_ms, end_ms=end_ms, interval="1s", variables={})
+    series = influx_query(influxdb1, DB, text)
+    assert [(s_["tags"]["job"], s_["tags"]["kind"]) for s_ in series] == [(written["job"], "network-slow")]
+    assert series[0]["values"][0][1] == 1  # one incident opened

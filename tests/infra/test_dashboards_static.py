@@ -60,12 +60,17 @@ def test_the_panels_the_issue_asks_for() -> None:
     d = dashboards()
     over = d["pulse-overview.json"]
     titles = " | ".join(p["title"] for p in over["panels"])
-    for needle in ("Actual communication time per node", "volume per node", "duration vs ACT", "Verdicts"):
+    for needle in ("Actual communication time per node", "volume per node", "duration vs ACT", "Verdicts",
+                   "Incidents"):
         assert needle in titles, needle
-    table = [p for p in over["panels"] if p["type"] == "table"]
-    assert table and "pulse_verdict" in table[0]["targets"][0]["query"]
+    tables = {p["title"]: p["targets"][0]["query"] for p in over["panels"] if p["type"] == "table"}
+    assert "pulse_verdict" in tables["Verdicts"] and "pulse_incident" in tables["Incidents"]
+    assert '"summary"' in tables["Incidents"] and '"state"' in tables["Incidents"]
     anns = [a for a in over["annotations"]["list"] if "query" in a]
     assert any("pulse_verdict" in a["query"] and "'anomaly'" in a["query"] for a in anns)
+    # incidents are marked on every time series panel (the rate panels included): opened, resolved
+    on = {a["name"]: a["query"] for a in anns if a["enable"]}
+    assert "'open'" in on["Incidents opened"] and "'resolved'" in on["Incidents resolved"]
     pipe = d["pulse-pipeline.json"]
     text = " ".join(q.text for q in queries("pulse-pipeline.json", pipe))
     for field in ("lag", "batches", "spool", "drops"):
