@@ -19,7 +19,6 @@ still gets every change, firing before resolved, when it comes back. Only a queu
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -31,6 +30,8 @@ from typing import Any
 import orjson
 
 from pulse.records import Incident
+
+from .sink import QueuedSink
 
 log = logging.getLogger("pulse.alerts")
 
@@ -58,8 +59,10 @@ def alert(inc: Incident, *, report_url: str | None = None, now_ns: int | None = 
     return out
 
 
-class AlertSink:
+class AlertSink(QueuedSink[Incident]):
     """Queued, retried, ordered delivery of incident state changes to one URL."""
+
+    name = "pulse-alerts"
 
     def __init__(self, url: str, *, report_url: str | None = None, batch: int = 64, max_queue: int = 10_000,
                  backoff_s: tuple[float, float] = (0.5, 30.0), timeout_s: float = 5.0,
@@ -68,59 +71,36 @@ class AlertSink:
             from pulse.errors import ConfigError
 
             raise ConfigError(f"PULSE_ALERT_URL={url!r}: must start with http:// or https://")
+        super().__init__(max_queue)
         self.url = url
         self.report_url = report_url
         self.batch = batch
-        self.max_queue = max_queue
         self.backoff = backoff_s
         self.timeout_s = timeout_s
         self.repeat_s = repeat_s
-        self._queue: collections.deque[Incident] = collections.deque()
-        self._open: dict[str, Incident] = {}
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._busy = False
+        self._firing: dict[str, Incident] = {}
         self.sent = 0
         self.failures = 0
         self.dropped = 0
         self.last_error: str | None = None
 
     async def setup(self) -> AlertSink:
-        self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(), name="pulse-alerts")
+        await super().setup()
         return self
 
     def add(self, incidents: list[Incident]) -> None:
         """Queue state changes (never blocks; the oldest are dropped past ``max_queue``)."""
         for inc in incidents:
             if inc.state == "resolved":
-                self._open.pop(inc.id, None)
+                self._firing.pop(inc.id, None)
             else:
-                self._open[inc.id] = inc
+                self._firing[inc.id] = inc
             self._queue.append(inc)
         while len(self._queue) > self.max_queue:
             self._queue.popleft()
             self.dropped += 1
-        if incidents and self._wake is not None:
-            self._wake.set()
-
-    async def flush(self) -> None:
-        """Wait until everything queued so far went out (or the sink was closed)."""
-        while (self._queue or self._busy) and self._task is not None and not self._task.done():
-            await asyncio.sleep(0.02)
-
-    async def close(self, *, timeout_s: float = 10.0) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.flush(), timeout_s)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
-
-    @property
-    def queued(self) -> int:
-        return len(self._queue)
+        if incidents:
+            self._wake_writer()
 
     async def _loop(self) -> None:
         assert self._wake is not None
@@ -134,7 +114,7 @@ class AlertSink:
             if time.monotonic() - last_repeat >= self.repeat_s:
                 last_repeat = time.monotonic()
                 # still firing: say so again (queued behind what is pending, in order)
-                self._queue.extend(i for i in self._open.values() if i not in self._queue)
+                self._queue.extend(i for i in self._firing.values() if i not in self._queue)
             if not self._queue:
                 continue
             chunk = [self._queue[i] for i in range(min(self.batch, len(self._queue)))]
@@ -178,4 +158,4 @@ class AlertSink:
 
     def stats(self) -> dict[str, Any]:
         return {"alerts_sent": self.sent, "alerts_failed": self.failures, "alerts_dropped": self.dropped,
-                "alerts_queued": len(self._queue), "alerts_open": len(self._open)}
+                "alerts_queued": len(self._queue), "alerts_open": len(self._firing)}

@@ -27,7 +27,6 @@ the same record twice gives one point.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import re
@@ -42,6 +41,8 @@ import orjson
 
 from pulse.errors import ServiceError
 from pulse.records import Incident, OpMetrics, Verdict
+
+from .sink import QueuedSink
 
 log = logging.getLogger("pulse.streams.influx")
 
@@ -137,32 +138,30 @@ def pipeline_line(worker: str, stage: str, fields: dict[str, Any], interval_ns: 
 
 # -- the sink ----------------------------------------------------------------------------
 
-class InfluxSink:
+class InfluxSink(QueuedSink[str]):
     """Batched, retried, non-blocking writer to InfluxDB 1.x or the v2 write API."""
+
+    name = "pulse-influx"
 
     def __init__(self, url: str, *, org: str = "pulse", bucket: str = "pulse", token: str | None = None,
                  batch_lines: int = 2000, flush_interval_s: float = 0.5, max_queue: int = 200_000,
                  retries: int = 6, backoff_s: tuple[float, float] = (0.2, 5.0), timeout_s: float = 5.0,
                  write_ops: bool = True) -> None:
+        super().__init__(max_queue)
         self.url = url.rstrip("/")
         self.org = org
         self.bucket = bucket
         self.token = token
         self.batch_lines = batch_lines
         self.flush_interval_s = flush_interval_s
-        self.max_queue = max_queue
         self.retries = retries
         self.backoff = backoff_s
         self.timeout_s = timeout_s
         self.write_ops = write_ops
         self.version: str | None = None
         self.v1 = False
-        self._queue: collections.deque[str] = collections.deque()
-        self._wake: asyncio.Event | None = None
-        self._task: asyncio.Task[None] | None = None
         self._client: Any = None
         self._write_api: Any = None
-        self._busy = False
         self.written = 0
         self.dropped = 0
         self.failed_batches = 0
@@ -173,10 +172,11 @@ class InfluxSink:
     # lifecycle ---------------------------------------------------------------------------
 
     async def setup(self) -> InfluxSink:
-        await asyncio.to_thread(self._detect)
-        self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._loop(), name="pulse-influx")
+        await super().setup()
         return self
+
+    async def _open(self) -> None:
+        await asyncio.to_thread(self._detect)
 
     def _detect(self) -> None:
         try:
@@ -209,14 +209,7 @@ class InfluxSink:
             detail = exc.read()[:300].decode(errors="replace")
             raise ServiceError(f"InfluxDB {self.url}{path.split('?')[0]}: HTTP {exc.code} {detail}") from None
 
-    async def close(self, *, timeout_s: float = 10.0) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.flush(), timeout_s)
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+    def _shut(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._client.close()
@@ -230,16 +223,18 @@ class InfluxSink:
             self.dropped += len(lines) - max(room, 0)
             lines = lines[:max(room, 0)]
         self._queue.extend(lines)
-        if self._wake is not None and len(self._queue) >= self.batch_lines:
-            self._wake.set()
+        if len(self._queue) >= self.batch_lines:
+            self._wake_writer()
 
     def add_verdicts(self, verdicts: list[Verdict]) -> None:
         self.add([verdict_line(v) for v in verdicts])
-        if verdicts and self._wake is not None:
-            self._wake.set()  # verdicts are what operators wait for: no linger
+        if verdicts:
+            self._wake_writer()  # verdicts are what operators wait for: no linger
 
     def add_incidents(self, incidents: list[Incident]) -> None:
         self.add([incident_line(i) for i in incidents])
+        if incidents:
+            self._wake_writer()  # what operators wait for, like verdicts
 
     def add_metrics(self, metrics: list[OpMetrics]) -> None:
         if self.write_ops:
@@ -249,12 +244,6 @@ class InfluxSink:
         self.add([pipeline_line(worker, stage, fields, interval_ns)])
 
     # writing -----------------------------------------------------------------------------
-
-    async def flush(self) -> None:
-        while self._queue or self._busy:
-            if self._wake is not None:
-                self._wake.set()
-            await asyncio.sleep(0.02)
 
     async def _loop(self) -> None:
         assert self._wake is not None
