@@ -91,6 +91,21 @@ def timeseries(title: str, targets: list[dict[str, Any]], unit: str, description
     }
 
 
+def alarm_count(title: str, query: str, description: str | None = None) -> dict[str, Any]:
+    """A stat that turns red from one: how many alarms the range holds."""
+    panel: dict[str, Any] = {
+        "type": "stat", "title": title, "targets": [target(query)],
+        "fieldConfig": {"defaults": {"unit": "short", "color": {"mode": "thresholds"},
+                                     "thresholds": {"mode": "absolute", "steps": [
+                                         {"color": "green", "value": None}, {"color": "red", "value": 1}]}},
+                        "overrides": []},
+        "options": {"reduceOptions": {"calcs": ["sum"], "fields": "", "values": False}, "colorMode": "background"},
+    }
+    if description:
+        panel["description"] = description
+    return panel
+
+
 def variables(measurement: str) -> dict[str, Any]:
     job = {
         "name": "job", "label": "job", "type": "query", "datasource": DS,
@@ -204,17 +219,9 @@ def overview() -> dict[str, Any]:
                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
     }, 12, 8)
     lay.row("Incidents")
-    lay.add({
-        "type": "stat", "title": "Incidents opened",
-        "description": "Faults found in the range (one incident per fault, however long it lasts).",
-        "targets": [target(f"SELECT count(\"confidence\") FROM {INCIDENT} WHERE $timeFilter AND {JOB} "
-                           f"AND \"state\" = 'open'")],
-        "fieldConfig": {"defaults": {"unit": "short", "color": {"mode": "thresholds"},
-                                     "thresholds": {"mode": "absolute", "steps": [
-                                         {"color": "green", "value": None}, {"color": "red", "value": 1}]}},
-                        "overrides": []},
-        "options": {"reduceOptions": {"calcs": ["sum"], "fields": "", "values": False}, "colorMode": "background"},
-    }, 6, 8)
+    lay.add(alarm_count("Incidents opened", f"SELECT count(\"confidence\") FROM {INCIDENT} WHERE $timeFilter "
+                        f"AND {JOB} AND \"state\" = 'open'",
+                        "Faults found in the range (one incident per fault, however long it lasts)."), 6, 8)
     lay.add({
         "type": "table", "title": "Incidents",
         "description": "Every state change of every incident: opened, updated (what it names changed), "
@@ -233,16 +240,8 @@ def overview() -> dict[str, Any]:
         "options": {"showHeader": True, "sortBy": [{"displayName": "Time", "desc": True}]},
     }, 18, 8)
     lay.row("Verdicts")
-    lay.add({
-        "type": "stat", "title": "Anomaly verdicts",
-        "targets": [target(f"SELECT count(\"confidence\") FROM {VERDICT} WHERE $timeFilter AND {JOB} "
-                           f"AND \"status\" = 'anomaly'")],
-        "fieldConfig": {"defaults": {"unit": "short", "color": {"mode": "thresholds"},
-                                     "thresholds": {"mode": "absolute", "steps": [
-                                         {"color": "green", "value": None}, {"color": "red", "value": 1}]}},
-                        "overrides": []},
-        "options": {"reduceOptions": {"calcs": ["sum"], "fields": "", "values": False}, "colorMode": "background"},
-    }, 6, 8)
+    lay.add(alarm_count("Anomaly verdicts", f"SELECT count(\"confidence\") FROM {VERDICT} WHERE $timeFilter "
+                        f"AND {JOB} AND \"status\" = 'anomaly'"), 6, 8)
     lay.add({
         "type": "table", "title": "Verdicts",
         "description": "Every verdict of the job: anomalies (repeated while they persist), cleared, healthy.",
