@@ -1,7 +1,8 @@
 /* Drives a profiler plugin the way NCCL does: dlopen, dlsym("ncclProfiler_vN"), init per
  * communicator, then start/record/stop events with descriptors laid out like NCCL's v4/v5/v6
  * (defined here independently of the plugin's own header, from the reference notes), then
- * finalize. Exit status: 0 when every call returned 0 (ncclSuccess), 2 on a non-zero return,
+ * finalize; prints the plugin's refusal (pulse_nccl_refusal, when exported) after the first
+ * init as `refusal=<reason>|none count=N`. Exit status: 0 when every call returned 0 (ncclSuccess), 2 on a non-zero return,
  * 3 when the library or symbol is missing.
  *
  * usage: nccl_harness LIB VERSION [FLOOD_COLLS [THREADS]]
@@ -267,6 +268,12 @@ int main(int argc, char** argv) {
     CHECK(P5->init(&ctx2, 0x42ull, &mask2, "pair", 1, 2, 0, NULL));
   }
   printf("name=%s mask=%d ctx=%d\n", P5->name, mask1, ctx1 != NULL);
+  const char* (*refusal)(uint64_t*) = (const char* (*)(uint64_t*))dlsym(lib, "pulse_nccl_refusal");
+  if (refusal) {
+    uint64_t n = 0;
+    const char* why = refusal(&n);
+    printf("refusal=%s count=%llu\n", why ? why : "none", (unsigned long long)n);
+  }
   if (mask1 & COLL) run_comm(ctx1, 1, flood);
   if (mask2 & COLL) {
     void* g = group_start(ctx2, 0);

@@ -346,3 +346,82 @@ def test_sanitizers_find_nothing(tmp_path: Path) -> None:
         res = run_harness(drv, lib, version, {**env, **extra}, flood=flood, threads=threads)
         assert res.returncode == 0, res.stderr[-3000:]
         assert "runtime error" not in res.stderr and "AddressSanitizer" not in res.stderr, res.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ file and socket safety
+
+def run_with_planted(harness: Path, lib: Path, plant: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the harness under a shell that first plants ``plant`` (a command where ``$$`` is the
+    pid the harness will have: exec keeps it), as an attacker who guesses the pid would."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+    full.update(env)
+    return subprocess.run(["bash", "-c", f'{plant} && exec "$0" "$1" 5 0 0', str(harness), str(lib)], env=full,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file"])
+def test_planted_record_path_is_not_followed(plugin_lib: Path, harness: Path, tmp_path: Path, planted: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: sticky, ours (the test's user), writable by all
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    target = f'{shared}/pulse-nccl-nodeA-$$.rec'
+    plant = f'ln -s {victim} "{target}"' if planted == "symlink" else f'echo planted > "{target}"'
+    res = run_with_planted(harness, plugin_lib, plant, {"PULSE_HOOK_DIR": str(shared), "PULSE_NODE": "nodeA"})
+    assert res.returncode == 0, res.stderr  # the job is unharmed
+    assert "mask=0" in res.stdout and "failures=0" in res.stdout
+    assert "refusal=record file already exists (not followed) count=1" in res.stdout
+    assert victim.read_bytes() == b"precious\n"
+    (rec,) = shared.iterdir()
+    assert rec.is_symlink() if planted == "symlink" else rec.read_text() == "planted\n"
+
+
+def test_unsafe_directories_are_refused(plugin_lib: Path, harness: Path, tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)  # writable by all, not sticky: anyone may swap our file
+    res = run_harness(harness, plugin_lib, 6, {"PULSE_HOOK_DIR": str(open_dir)})
+    assert res.returncode == 0 and "mask=0" in res.stdout
+    assert "refusal=record directory writable by others count=1" in res.stdout
+    link = tmp_path / "link"
+    good = tmp_path / "good"
+    good.mkdir()
+    link.symlink_to(good)  # the directory itself must not be a symlink either
+    res = run_harness(harness, plugin_lib, 6, {"PULSE_HOOK_DIR": str(link)})
+    assert "mask=0" in res.stdout and "refusal=record directory missing" in res.stdout
+    assert list(open_dir.iterdir()) == [] and list(good.iterdir()) == []
+    if os.geteuid() == 0:  # a directory of another user (nobody), even one that is private
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        res = run_harness(harness, plugin_lib, 4, {"PULSE_HOOK_DIR": str(theirs)})
+        assert "mask=0" in res.stdout and "refusal=record directory owned by another user count=1" in res.stdout
+        sticky_theirs = tmp_path / "sticky-theirs"
+        sticky_theirs.mkdir()
+        sticky_theirs.chmod(0o1777)
+        os.chown(sticky_theirs, 65534, 65534)
+        res = run_harness(harness, plugin_lib, 4, {"PULSE_HOOK_DIR": str(sticky_theirs)})
+        assert "mask=0" in res.stdout and "refusal=record directory owned by another user" in res.stdout
+
+
+def test_default_directory_is_private(plugin_lib: Path, harness: Path, tmp_path: Path) -> None:
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    res = run_harness(harness, plugin_lib, 5, {"XDG_RUNTIME_DIR": str(runtime), "PULSE_NODE": "nodeA"})
+    assert res.returncode == 0 and "mask=159" in res.stdout and "refusal=none" in res.stdout
+    d = runtime / "pulse"
+    assert d.stat().st_mode & 0o777 == 0o700
+    (rec,) = d.glob("pulse-nccl-nodeA-*.rec")
+    assert rec.stat().st_mode & 0o777 == 0o600  # communicator and traffic shapes are nobody else's
+    events, _ = read_plugin_file(rec)
+    assert normalise(events) == expected_events()  # the writer restarted for comm 0x77 appended
+
+
+def test_socket_in_unsafe_directory_is_refused(plugin_lib: Path, harness: Path, tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    res = run_harness(harness, plugin_lib, 5, {"PULSE_HOOK_SOCKET": str(open_dir / "agent.sock")})
+    assert res.returncode == 0 and "mask=0" in res.stdout
+    assert "refusal=socket directory unsafe count=1" in res.stdout
