@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 
+from pulse.kafka_security import check_kafka, faust_broker_credentials, kafka_client_kwargs
 from pulse.records import Verdict
 from pulse.settings import Settings
 
@@ -80,6 +81,7 @@ def _short_fetch_wait(ms: int = FETCH_MAX_WAIT_MS) -> None:
 
 
 async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None = None,
+                    client: dict[str, Any] | None = None,
                     timeout_s: float = 60.0, idle_s: float = 0.5, stuck_s: float = 5.0) -> list[Message]:
     """Messages of ``topic`` from the start up to ``upto`` (partition -> offset, exclusive;
     default: the current end), with no consumer group and nothing committed.
@@ -94,7 +96,7 @@ async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None =
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                         auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20)
+                         auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20, **(client or {}))
     await c.start()
     out: list[Message] = []
     try:
@@ -142,14 +144,15 @@ async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None =
     return out
 
 
-async def committed_offsets(bootstrap: str, group: str, topics: list[str]) -> dict[tuple[str, int], int]:
+async def committed_offsets(bootstrap: str, group: str, topics: list[str], *,
+                            client: dict[str, Any] | None = None) -> dict[tuple[str, int], int]:
     """(topic, partition) -> committed offset of a consumer group (empty for a new group).
 
     Asked through a consumer that never joins the group (the admin client's "all
     partitions" OffsetFetch is not understood by Tansu)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **(client or {}))
     await c.start()
     out: dict[tuple[str, int], int] = {}
     try:
@@ -221,6 +224,7 @@ class Pipeline:
         t = self.topics
         app = faust.App(
             s.worker_id, broker=f"kafka://{self.bootstrap}", store="memory://", datadir=self._datadir,
+            broker_credentials=faust_broker_credentials(s),
             autodiscover=False,
             web_enabled=False, processing_guarantee="at_least_once", topic_partitions=s.partitions,
             topic_replication_factor=1, topic_allow_declare=False, topic_disable_leader=True,
@@ -407,7 +411,8 @@ class Pipeline:
         the order it was produced: replaying it rebuilds the in-memory state exactly as it
         was at the commit (outputs were sent before that commit, so they are dropped)."""
         try:
-            committed = await committed_offsets(self.bootstrap, self.settings.worker_id, topics)
+            committed = await committed_offsets(self.bootstrap, self.settings.worker_id, topics,
+                                                client=kafka_client_kwargs(self.settings))
         except Exception as exc:  # a broker without OffsetFetch for admins: start empty
             log.warning("cannot read committed offsets (%s): state starts empty", exc)
             return []
@@ -415,7 +420,7 @@ class Pipeline:
         for topic in topics:
             upto = {p: off for (t, p), off in committed.items() if t == topic}
             if upto:
-                msgs += await read_back(self.bootstrap, topic, upto=upto)
+                msgs += await read_back(self.bootstrap, topic, upto=upto, client=kafka_client_kwargs(self.settings))
         msgs.sort(key=lambda m: (m.timestamp or 0, m.topic != self.topics.hook_events))
         return msgs
 
@@ -475,6 +480,7 @@ def run_worker(settings: Settings, *, bootstrap: str | None = None, loglevel: st
     from pulse.producers.publisher import ensure_topics
 
     bs = settings.bootstrap(bootstrap)
+    asyncio.run(check_kafka(settings, bs))
     asyncio.run(ensure_topics(bs, settings, timeout_s=30.0))
     pipe = Pipeline(settings, bootstrap=bs, influx=influx, **kwargs)
     worker = faust.Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)

@@ -37,8 +37,7 @@ def worker(broker: str | None, prefix: str | None, partitions: int | None, worke
         raise ConfigError("no broker: set PULSE_BROKER or --broker host:port (pulse broker runs an embedded one)")
     influx = None
     if s.influx_url:
-        influx = InfluxSink(s.influx_url, org=s.influx_org, bucket=s.influx_bucket, token=s.influx_token,
-                            write_ops=not no_ops_to_influx)
+        influx = InfluxSink.from_settings(s, write_ops=not no_ops_to_influx)
     click.echo(f"pulse worker {s.worker_id}: broker {s.broker}, topics {s.topic_prefix}.*, "
                f"{s.partitions} partitions" + (f", InfluxDB {s.influx_url}" if influx else ""), err=True)
     run_worker(s, influx=influx, loglevel=loglevel)

@@ -78,6 +78,7 @@ if _active():
     _tls = _State()
     _lock = threading.Lock()
     _out = {"fd": -1, "pid": -1, "failures": 0, "disabled": False}
+    _refusals: dict[str, int] = {}  # why recording switched itself off -> how often
     _fds: dict[str, int] = {}  # record stream -> fd (ops/comms: "torch", completions: "oplevel")
     # Weak: a group the job destroyed must not live on to the interpreter's exit, where
     # torch's Gloo teardown sometimes aborts ("terminate called without an active exception").
@@ -112,8 +113,7 @@ if _active():
 
     def _refuse(reason: str) -> OSError:
         _out["disabled"] = True
-        _out["refused"] = reason
-        _out["refusals"] = _out.get("refusals", 0) + 1
+        _refusals[reason] = _refusals.get(reason, 0) + 1
         return OSError(reason)
 
     def _create(name: str) -> int:

@@ -425,3 +425,72 @@ def test_socket_in_unsafe_directory_is_refused(plugin_lib: Path, harness: Path, 
     res = run_harness(harness, plugin_lib, 5, {"PULSE_HOOK_SOCKET": str(open_dir / "agent.sock")})
     assert res.returncode == 0 and "mask=0" in res.stdout
     assert "refusal=socket directory unsafe count=1" in res.stdout
+
+
+def test_socket_is_private_and_keeps_only_allowed_senders(tmp_path: Path) -> None:
+    from pulse.hooks.plugin_reader import SenderPolicy
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to send as another uid (setuid to nobody)")
+    import socket
+    import tempfile
+
+    # Under /tmp (tmp_path's parents are 0700): a private directory nobody may traverse.
+    d = Path(tempfile.mkdtemp(prefix="pulse-agent-", dir="/tmp"))
+    try:
+        d.chmod(0o711)
+        sock = d / "agent.sock"
+        dec = PluginDecoder()
+        gen = receive_plugin_socket(sock, timeout=0.3, decoder=dec, senders=SenderPolicy(uids=(0,)))
+        assert sock.stat().st_mode & 0o777 == 0o660
+        os.chown(sock, 0, 65534)  # the job's group may connect: the kernel still tells who sent
+        forged = hello(b"nodeA", 4242) + init_rec(1, 0xBAD, 0, 2) + coll_rec(1, 0, 7, 1 << 30, 1)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child: a local user who found the socket
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                s.sendto(forged, str(sock))
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # it did get through to the socket
+        real = hello(b"nodeA", os.getpid()) + init_rec(1, 0x600D, 1, 2)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(real, str(sock))
+        events = list(gen)
+        assert [e.comm_id for e in events] == ["0x600d"]  # the forged communicator never appears
+        assert dec.stats["rejected_senders"] == 1
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+
+
+def test_sender_policy_and_socket_directory_rules(tmp_path: Path) -> None:
+    from pulse.errors import ConfigError
+    from pulse.hooks.plugin_reader import SenderPolicy
+    from pulse.settings import Settings
+
+    cg = tmp_path / "job.slice"
+    cg.mkdir()
+    (cg / "cgroup.procs").write_text(f"{os.getpid()}\n999999999\n")  # one live process, one gone
+    policy = SenderPolicy(uids=(), job_cgroup=cg)
+    assert policy.allows(os.geteuid()) and not policy.allows(65534)
+    default = SenderPolicy.from_settings(Settings())
+    assert default.allows(os.geteuid()) and not default.allows(65534)
+    assert SenderPolicy.from_settings(Settings(hook_allowed_uids=(65534,))).allows(65534)
+    fresh = tmp_path / "made" / "agent.sock"  # a missing directory is created private
+    list(receive_plugin_socket(fresh, timeout=0.01))
+    assert (tmp_path / "made").stat().st_mode & 0o777 == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(ConfigError, match="hook socket directory .*writable by other users"):
+        receive_plugin_socket(open_dir / "agent.sock", timeout=0.01)
+    link = tmp_path / "link.sock"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="exists and is not a socket"):
+        receive_plugin_socket(link, timeout=0.01)

@@ -266,8 +266,7 @@ dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
 t = torch.ones(4)
 dist.all_reduce(t)
 dist.broadcast(t, src=0)
-out = sys.modules["sitecustomize"]._out
-print("ok", t.tolist(), out.get("refused"), out.get("refusals"))
+print("ok", t.tolist(), sys.modules["sitecustomize"]._refusals)
 dist.destroy_process_group()
 """
 
@@ -283,7 +282,7 @@ def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
                                        PULSE_NODE="nodeA"),
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert res.stdout.strip() == "ok [1.0, 1.0, 1.0, 1.0] record file already exists (not followed) 1"
+    assert res.stdout.strip() == "ok [1.0, 1.0, 1.0, 1.0] {'record file already exists (not followed)': 1}"
     assert victim.read_text() == "precious\n"
     open_dir = tmp_path / "open"
     open_dir.mkdir()
