@@ -470,8 +470,9 @@ def test_socket_is_private_and_keeps_only_allowed_senders(tmp_path: Path) -> Non
 
 
 def test_sender_policy_and_socket_directory_rules(tmp_path: Path) -> None:
-    from pulse.errors import ConfigError
     from pulse.hooks.plugin_reader import SenderPolicy
+
+    from pulse.errors import ConfigError
     from pulse.settings import Settings
 
     cg = tmp_path / "job.slice"
@@ -488,7 +489,7 @@ def test_sender_policy_and_socket_directory_rules(tmp_path: Path) -> None:
     open_dir = tmp_path / "open"
     open_dir.mkdir()
     open_dir.chmod(0o777)
-    with pytest.raises(ConfigError, match="hook socket directory .*writable by other users"):
+    with pytest.raises(ConfigError, match=r"hook socket directory .*writable by other users"):
         receive_plugin_socket(open_dir / "agent.sock", timeout=0.01)
     link = tmp_path / "link.sock"
     link.symlink_to(tmp_path / "elsewhere")
