@@ -132,12 +132,18 @@ class PluginDecoder:
     """Turns plugin records (bytes, fed in any pieces) into hook events."""
 
     def __init__(self, job: str = "", node: str | None = None,
-                 nic_names: dict[int, str] | None = None) -> None:
+                 nic_names: dict[int, str] | None = None, *, max_comms: int = Settings.max_comms_per_job,
+                 max_flows: int = Settings.max_flows_per_node) -> None:
+        # Bounds: a stream of records (a local user's, with socket access) naming ever new
+        # communicators or QPs must not grow this decoder without end.
+        self.max_comms = max_comms
+        self.max_flows = max_flows
         self.job = job
         self.node = node
         self.nic_names = dict(nic_names or {})
         self.stats: dict[str, int] = {"records": 0, "unknown": 0, "orphans": 0, "unsupported": 0,
-                                      "plugin_dropped": 0, "proxy_ops": 0, "qp_events": 0}
+                                      "plugin_dropped": 0, "proxy_ops": 0, "qp_events": 0, "rejected_comms": 0,
+                                      "rejected_flows": 0}
         self._ctx: dict[tuple[str, int, int], _Ctx] = {}
         self._flows: set[tuple[Any, ...]] = set()
         self._buf = b""
@@ -181,6 +187,9 @@ class PluginDecoder:
         nranks, rank = rec["nranks"], rec["rank"]
         if not 0 <= rank < nranks:
             self.stats["unsupported"] += 1
+            return
+        if key not in self._ctx and len(self._ctx) >= self.max_comms:
+            self.stats["rejected_comms"] += 1
             return
         ctx = _Ctx(comm_id=f"{rec['comm_id']:#x}", rank=rank, nranks=nranks)
         self._ctx[key] = ctx
@@ -284,6 +293,9 @@ class PluginDecoder:
         bound = bool(rec["has_peer"]) and 0 <= rec["peer"] < ctx.nranks
         key = (rec["host"], rec["proc"], device, qpn, rec["peer"] if bound else None, rec["channel"] if bound else None,
                rec["is_send"] if bound else None, ctx.comm_id)
+        if key not in self._flows and len(self._flows) >= self.max_flows:
+            self.stats["rejected_flows"] += 1
+            return
         if key in self._flows:
             return
         self._flows.add(key)

@@ -119,13 +119,15 @@ class Settings:
     """The job's cgroup v2 directory: uids owning its processes may send hook records."""
     # Bounds on hostile input (see docs/security.md).
     max_message_bytes: int = 16 << 20
-    """Largest Kafka message or plugin datagram a decoder accepts."""
-    max_events_per_batch: int = 65_536
-    """Most hook events in one packed message."""
+    """Largest Kafka message a decoder accepts (pulse._schema.MAX_MESSAGE_BYTES)."""
+    max_events_per_batch: int = 16_384
+    """Most hook events in one packed message (producers pack at most 4,096)."""
     max_flows_per_node: int = 1 << 20
     """Most distinct (nic, flow) bindings kept per node."""
-    max_comms_per_job: int = 65_536
+    max_comms_per_job: int = 4_096
     """Most communicators kept per job (and per plugin decoder)."""
+    max_nodes_per_worker: int = 4_096
+    """Most nodes one worker keeps segmentation state for."""
 
     @property
     def topics(self) -> Topics:
@@ -159,7 +161,8 @@ class Settings:
             raise ConfigError(f"PULSE_INFLUX_URL={self.influx_url}: refusing to send the InfluxDB token over plain "
                               "http to a non-loopback host (use https://, or set PULSE_INFLUX_ALLOW_PLAIN_TOKEN=1)")
         self._check_kafka()
-        for name in ("max_message_bytes", "max_events_per_batch", "max_flows_per_node", "max_comms_per_job"):
+        for name in ("max_message_bytes", "max_events_per_batch", "max_flows_per_node", "max_comms_per_job",
+                     "max_nodes_per_worker"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"PULSE_{name.upper()}={getattr(self, name)}: must be >= 1")
 
@@ -261,6 +264,7 @@ class Settings:
             max_events_per_batch=integer("MAX_EVENTS_PER_BATCH", defaults.max_events_per_batch),
             max_flows_per_node=integer("MAX_FLOWS_PER_NODE", defaults.max_flows_per_node),
             max_comms_per_job=integer("MAX_COMMS_PER_JOB", defaults.max_comms_per_job),
+            max_nodes_per_worker=integer("MAX_NODES_PER_WORKER", defaults.max_nodes_per_worker),
         )
 
     def override(self, **changes: object) -> Settings:
@@ -284,6 +288,6 @@ ENV_VARS = (
     "PULSE_KAFKA_SSL_KEYFILE", "PULSE_KAFKA_SASL_MECHANISM", "PULSE_KAFKA_SASL_USERNAME",
     "PULSE_KAFKA_SASL_PASSWORD_FILE", "PULSE_INFLUX_CA_FILE", "PULSE_INFLUX_ALLOW_PLAIN_TOKEN",
     "PULSE_HOOK_ALLOWED_UIDS", "PULSE_JOB_CGROUP", "PULSE_MAX_MESSAGE_BYTES", "PULSE_MAX_EVENTS_PER_BATCH",
-    "PULSE_MAX_FLOWS_PER_NODE", "PULSE_MAX_COMMS_PER_JOB",
+    "PULSE_MAX_FLOWS_PER_NODE", "PULSE_MAX_COMMS_PER_JOB", "PULSE_MAX_NODES_PER_WORKER",
 )
 """Every variable ``from_env`` reads (infra tests check compose files against this)."""

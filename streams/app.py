@@ -37,6 +37,7 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 
+from pulse.bounds import InputBounds
 from pulse.kafka_security import check_kafka, faust_broker_credentials, kafka_client_kwargs
 from pulse.records import Verdict
 from pulse.settings import Settings
@@ -188,7 +189,7 @@ class Pipeline:
         self.settings = settings
         self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
-        self.segment_state = SegmentState(self.topics, segment_params)
+        self.segment_state = SegmentState(self.topics, segment_params, InputBounds.from_settings(settings))
         # Localization in a child process by default: a core of its own rather than a share
         # of this process's GIL with Faust and segmentation (see offload.py).
         self.localize_state: LocalizeState | LocalizeProcess = (

@@ -30,6 +30,8 @@ import orjson
 
 from pulse import events as _events
 from pulse import samples as _samples
+from pulse._schema import loads
+from pulse.bounds import InputBounds
 from pulse.errors import DecodeError, PulseError
 from pulse.records import OpMetrics, Verdict, encode_op_metrics_packed_json, op_metrics_from_dict
 from pulse.settings import Topics
@@ -130,8 +132,9 @@ def _by_size(items: list[Any], sizes_of: list[bytes]) -> list[list[Any]]:
 class SegmentState:
     """The segment agent's state on one worker: per-node segmenters."""
 
-    def __init__(self, topics: Topics, params: Any = None) -> None:
+    def __init__(self, topics: Topics, params: Any = None, bounds: InputBounds | None = None) -> None:
         node_segmenter, segment_params = _segmentation()
+        self.bounds = bounds if bounds is not None else InputBounds()
         self._make = node_segmenter
         self.params = params if params is not None else segment_params()
         self.topics = topics
@@ -167,10 +170,16 @@ class SegmentState:
             where = f"{m.topic}[{m.partition}]@{m.offset}"
             try:
                 if m.topic == self.topics.samples:
-                    batches.append(_samples.decode(m.value or b"", where=where))
+                    b = self.bounds.admit_batch(_samples.decode(m.value or b"", where=where,
+                                                                max_bytes=self.bounds.max_bytes))
+                    if b is not None:
+                        batches.append(b)
                 elif m.topic == self.topics.hook_events:
-                    evs = _events.decode_many(m.value or b"", where=where)  # single or packed
-                    hooks.setdefault(evs[0].node, []).extend(evs)
+                    evs = self.bounds.admit_events(_events.decode_many(m.value or b"", where=where,
+                                                                       max_bytes=self.bounds.max_bytes,
+                                                                       max_events=self.bounds.max_events))
+                    if evs:
+                        hooks.setdefault(evs[0].node, []).extend(evs)
                 else:
                     raise DecodeError(f"message from unexpected topic {m.topic!r}")
             except PulseError as exc:
@@ -279,7 +288,8 @@ class SegmentState:
         lost = sum(int(s.get("lost_batches", 0) or 0) for s in per_node.values())
         late = sum(int(s.get("late_batches", 0) or 0) for s in per_node.values())
         return {"batches": self.batches, "rows": self.rows, "events": self.events, "op_metrics": self.emitted,
-                "dead_letters": self.dead, "lost_batches": lost, "late_batches": late, "nodes": len(self.nodes)}
+                "dead_letters": self.dead, "lost_batches": lost, "late_batches": late, "nodes": len(self.nodes),
+                **self.bounds.stats}
 
 
 class _Aligner:
@@ -413,7 +423,7 @@ class LocalizeState:
         for m in messages:
             where = f"{m.topic}[{m.partition}]@{m.offset}"
             try:
-                data = orjson.loads(m.value or b"")
+                data = loads(m.value or b"", where)
                 if not isinstance(data, dict):
                     raise DecodeError(f"{where}: expected a JSON object")
                 if data.get("type") in ("op-metrics", "op-metrics-batch"):  # single or packed

@@ -35,7 +35,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "PULSE_INFLUX_CA_FILE": "/influx-ca.pem", "PULSE_INFLUX_ALLOW_PLAIN_TOKEN": "1",
         "PULSE_HOOK_ALLOWED_UIDS": "0, 1000", "PULSE_JOB_CGROUP": "/sys/fs/cgroup/job",
         "PULSE_MAX_MESSAGE_BYTES": "1_000_000", "PULSE_MAX_EVENTS_PER_BATCH": "100", "PULSE_MAX_FLOWS_PER_NODE": "200",
-        "PULSE_MAX_COMMS_PER_JOB": "300",
+        "PULSE_MAX_COMMS_PER_JOB": "300", "PULSE_MAX_NODES_PER_WORKER": "400",
     }
     (tmp_path / "pw").write_text("pw-secret\n")
     s = Settings.from_env(env)
