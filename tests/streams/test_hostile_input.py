@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 LIMITS = {"PULSE_MAX_FLOWS_PER_NODE": "65536", "PULSE_MAX_COMMS_PER_JOB": "1024", "PULSE_MAX_NODES_PER_WORKER": "1024"}
 # Above the legitimate run's peak: the 64 MiB hostile buffer the feeder itself holds, the
 # admitted state (65,536 flows, 1,024 communicators on 1,024 nodes) and one packed message
-# decoding at a time. Without the bounds the same stream takes several GiB (docs/security.md).
+# decoding at a time. Without the bounds the same stream passed 1 GiB and kept growing (docs/security.md).
 BOUND_MIB = 320
 
 pytestmark = pytest.mark.slow
