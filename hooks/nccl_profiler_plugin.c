@@ -144,9 +144,13 @@ static const char* const REASONS[R_COUNT] = {
 static _Atomic uint64_t refusals[R_COUNT];
 static _Atomic int last_refusal;
 
+static pulse_nccl_logger_t nccl_log; /* NCCL's logger from init, if it gave one */
+
 static void refuse(int reason) {
   atomic_fetch_add(&refusals[reason], 1);
   atomic_store(&last_refusal, reason);
+  /* ncclDebugLogLevel WARN = 2, subsystem NCCL_INIT = 1: shown only with NCCL_DEBUG=WARN+. */
+  if (nccl_log) nccl_log(2, 1, __FILE__, __LINE__, "Pulse profiler disabled: %s", REASONS[reason]);
 }
 
 /* The last reason the plugin disabled itself (NULL if it never did) and how often that
@@ -500,11 +504,13 @@ static void rec_head(rec_t* r, uint8_t kind, const ctx_t* c) {
 
 /* ---------------------------------------------------------------- the API */
 static pulse_nccl_result_t do_init(int abi, void** context, uint64_t comm_id, int* mask,
-                                   const char* name, int nnodes, int nranks, int rank) {
+                                   const char* name, int nnodes, int nranks, int rank,
+                                   pulse_nccl_logger_t logfn) {
   if (context) *context = NULL;
   if (mask) *mask = 0;
   if (!context || !mask || atomic_load(&G.disabled)) return PULSE_NCCL_SUCCESS;
   pthread_mutex_lock(&G.lock);
+  if (logfn) nccl_log = logfn;
   if (start_locked() != 0) {
     disable();
     pthread_mutex_unlock(&G.lock);
@@ -543,20 +549,17 @@ static pulse_nccl_result_t do_init(int abi, void** context, uint64_t comm_id, in
 
 static pulse_nccl_result_t init_v5(void** context, uint64_t comm_id, int* mask, const char* name,
                                    int nnodes, int nranks, int rank, pulse_nccl_logger_t logfn) {
-  (void)logfn;
-  return do_init(5, context, comm_id, mask, name, nnodes, nranks, rank);
+  return do_init(5, context, comm_id, mask, name, nnodes, nranks, rank, logfn);
 }
 
 static pulse_nccl_result_t init_v6(void** context, uint64_t comm_id, int* mask, const char* name,
                                    int nnodes, int nranks, int rank, pulse_nccl_logger_t logfn) {
-  (void)logfn;
-  return do_init(6, context, comm_id, mask, name, nnodes, nranks, rank);
+  return do_init(6, context, comm_id, mask, name, nnodes, nranks, rank, logfn);
 }
 
 static pulse_nccl_result_t init_v4(void** context, int* mask, const char* name, uint64_t comm_hash,
                                    int nnodes, int nranks, int rank, pulse_nccl_logger_t logfn) {
-  (void)logfn;
-  return do_init(4, context, comm_hash, mask, name, nnodes, nranks, rank);
+  return do_init(4, context, comm_hash, mask, name, nnodes, nranks, rank, logfn);
 }
 
 static uint64_t group_of(const pulse_event_descr_t* d, const void* legacy_parent, int abi) {

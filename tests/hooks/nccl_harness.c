@@ -21,6 +21,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -104,6 +105,17 @@ enum { STEP_SEND_WAIT = 9, STEP_RECV_WAIT = 10, NET_UPDATE = 21, PROXY_OP_IN_PRO
 
 static int version;
 static int failures;
+
+/* Stands in for NCCL's logger: what the plugin logs goes to stdout as `nccl-log: ...`. */
+static void harness_log(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags; (void)file; (void)line;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  printf("nccl-log: level=%d %s\n", level, msg);
+}
 static prof_v4_t* P4;
 static prof_v5_t* P5;
 
@@ -261,10 +273,10 @@ int main(int argc, char** argv) {
   void *ctx1 = NULL, *ctx2 = NULL;
   int mask1 = -1, mask2 = -1;
   if (version == 4) {
-    CHECK(P4->init(&ctx1, &mask1, "world", 0x5ae77eb5ea4ec1eeull, 2, 4, 1, NULL));
+    CHECK(P4->init(&ctx1, &mask1, "world", 0x5ae77eb5ea4ec1eeull, 2, 4, 1, harness_log));
     CHECK(P4->init(&ctx2, &mask2, "pair", 0x42ull, 1, 2, 0, NULL));
   } else {
-    CHECK(P5->init(&ctx1, 0x5ae77eb5ea4ec1eeull, &mask1, "world", 2, 4, 1, NULL));
+    CHECK(P5->init(&ctx1, 0x5ae77eb5ea4ec1eeull, &mask1, "world", 2, 4, 1, harness_log));
     CHECK(P5->init(&ctx2, 0x42ull, &mask2, "pair", 1, 2, 0, NULL));
   }
   printf("name=%s mask=%d ctx=%d\n", P5->name, mask1, ctx1 != NULL);

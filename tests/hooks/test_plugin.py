@@ -372,6 +372,8 @@ def test_planted_record_path_is_not_followed(plugin_lib: Path, harness: Path, tm
     assert res.returncode == 0, res.stderr  # the job is unharmed
     assert "mask=0" in res.stdout and "failures=0" in res.stdout
     assert "refusal=record file already exists (not followed) count=1" in res.stdout
+    # and said so once through NCCL's logger, at WARN level
+    assert res.stdout.count("nccl-log: level=2 Pulse profiler disabled: record file already exists") == 1
     assert victim.read_bytes() == b"precious\n"
     (rec,) = shared.iterdir()
     assert rec.is_symlink() if planted == "symlink" else rec.read_text() == "planted\n"
