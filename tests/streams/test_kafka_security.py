@@ -169,3 +169,14 @@ def test_settings_validate_security_options(tmp_path):
     with pytest.raises(ConfigError, match=r"PULSE_KAFKA_SSL_CAFILE=.*not a readable PEM"):
         kafka_client_kwargs(Settings.from_env({"PULSE_KAFKA_SECURITY_PROTOCOL": "SSL",
                                                "PULSE_KAFKA_SSL_CAFILE": str(garbage)}))
+
+
+def test_worker_refuses_a_wrong_ca_in_one_line(pki, tmp_path):
+    with tls_broker(tmp_path, pki) as bootstrap:
+        full = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+        full |= tls_env(pki, ca="other-ca", client=None) | {"PULSE_TOPIC_PREFIX": "wrongca"}
+        res = subprocess.run([sys.executable, "-m", "pulse.cli", "worker", "--broker", bootstrap], env=full,
+                             capture_output=True, text=True, timeout=120)
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("pulse worker ")]
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("error: PULSE_KAFKA_SSL_CAFILE="), res.stderr[-2000:]
