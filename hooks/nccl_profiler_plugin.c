@@ -8,6 +8,10 @@
  *   - Every entry point returns success. Any failure (no memory, sink unusable, thread not
  *     started) disables the plugin for the rest of the process.
  *   - Memory is bounded: one ring and fixed handle pools, allocated once.
+ *   - It often runs as root next to other users: the record file is created with O_EXCL and
+ *     O_NOFOLLOW under a directory opened O_NOFOLLOW and checked (ours or root's, not writable
+ *     by others unless sticky and ours), mode 0600. A refusal disables the plugin and is
+ *     counted by reason (pulse_nccl_refusal); the job never sees it.
  *   - Pointers from NCCL are checked before use; handles we hand out are checked to be ours
  *     before they are dereferenced.
  *
@@ -126,6 +130,37 @@ static uint64_t now_ns(void) {
 
 static void disable(void) { atomic_store(&G.disabled, 1); }
 
+/* Why the plugin turned itself off: counted per reason, readable by a supervisor (or a test)
+ * through pulse_nccl_refusal() while the library is loaded. */
+enum {
+  R_NONE = 0, R_DIR_MISSING, R_DIR_OWNER, R_DIR_OPEN_TO_OTHERS, R_FILE_EXISTS, R_FILE_CREATE,
+  R_FILE_WRITE, R_SOCKET_PATH, R_SOCKET_DIR, R_RESOURCES, R_COUNT
+};
+static const char* const REASONS[R_COUNT] = {
+    NULL, "record directory missing or not a directory", "record directory owned by another user",
+    "record directory writable by others", "record file already exists (not followed)",
+    "record file cannot be created", "record file stopped taking writes", "socket path too long",
+    "socket directory unsafe", "no memory or thread"};
+static _Atomic uint64_t refusals[R_COUNT];
+static _Atomic int last_refusal;
+
+static pulse_nccl_logger_t nccl_log; /* NCCL's logger from init, if it gave one */
+
+static void refuse(int reason) {
+  atomic_fetch_add(&refusals[reason], 1);
+  atomic_store(&last_refusal, reason);
+  /* ncclDebugLogLevel WARN = 2, subsystem NCCL_INIT = 1: shown only with NCCL_DEBUG=WARN+. */
+  if (nccl_log) nccl_log(2, 1, __FILE__, __LINE__, "Pulse profiler disabled: %s", REASONS[reason]);
+}
+
+/* The last reason the plugin disabled itself (NULL if it never did) and how often that
+ * reason was counted. */
+EXPORT const char* pulse_nccl_refusal(uint64_t* count) {
+  int r = atomic_load(&last_refusal);
+  if (count) *count = r ? atomic_load(&refusals[r]) : 0;
+  return r ? REASONS[r] : NULL;
+}
+
 /* ---------------------------------------------------------------- ring (MPSC, Vyukov) */
 static void push(const rec_t* r) {
   uint64_t pos = atomic_load_explicit(&G.enq, memory_order_relaxed);
@@ -197,6 +232,7 @@ static void emit(rec_t* buf, int n) { /* buf[0] is reserved for the hello */
     if (write_all(G.fd, &buf[1], (size_t)n * sizeof(rec_t)) != 0) {
       atomic_fetch_add(&G.sink_errors, 1);
       atomic_fetch_add(&G.dropped, (uint64_t)n);
+      refuse(R_FILE_WRITE);
       disable(); /* a file that stops taking writes will not recover by itself */
       return;
     }
@@ -227,30 +263,77 @@ static void* flusher(void* arg) {
   return NULL;
 }
 
+/* A directory Pulse may create files in: ours or root's, and not writable by others unless
+ * it is sticky and ours (then nobody else can rename or unlink our files in it). Returns the
+ * reason to refuse it, or R_NONE. */
+static int check_dir(const struct stat* st) {
+  if (!S_ISDIR(st->st_mode)) return R_DIR_MISSING;
+  uid_t me = geteuid();
+  if (st->st_uid != me && st->st_uid != 0) return R_DIR_OWNER;
+  if ((st->st_mode & (S_IWGRP | S_IWOTH)) && !((st->st_mode & S_ISVTX) && st->st_uid == me))
+    return R_DIR_OPEN_TO_OTHERS;
+  return R_NONE;
+}
+
+/* The default record directory: $XDG_RUNTIME_DIR/pulse (a per-user tmpfs) or /run/pulse,
+ * created 0700 when missing. */
+static int default_dir(char* out, size_t n) {
+  const char* base = getenv("XDG_RUNTIME_DIR");
+  if (!base || base[0] != '/') base = "/run";
+  int len = snprintf(out, n, "%s/pulse", base);
+  if (len <= 0 || (size_t)len >= n) return -1;
+  if (mkdir(out, 0700) != 0 && errno != EEXIST) return -1;
+  return 0;
+}
+
 static int open_sink(void) {
   const char* sock = getenv("PULSE_HOOK_SOCKET");
   if (sock && *sock) {
-    if (strlen(sock) >= sizeof G.addr.sun_path) return -1;
+    if (strlen(sock) >= sizeof G.addr.sun_path) { refuse(R_SOCKET_PATH); return -1; }
+    /* Our records tell who talks to whom: only send them where nobody else could have
+     * bound the socket (its directory passes the same checks as a record directory). */
+    char parent[sizeof G.addr.sun_path];
+    strcpy(parent, sock);
+    char* slash = strrchr(parent, '/');
+    if (slash == parent) parent[1] = 0;
+    else if (slash) *slash = 0;
+    else strcpy(parent, ".");
+    struct stat st;
+    if (stat(parent, &st) != 0 || check_dir(&st) != R_NONE) { refuse(R_SOCKET_DIR); return -1; }
     G.sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (G.sock < 0) return -1;
+    if (G.sock < 0) { refuse(R_RESOURCES); return -1; }
     memset(&G.addr, 0, sizeof G.addr);
     G.addr.sun_family = AF_UNIX;
     strcpy(G.addr.sun_path, sock);
     G.addrlen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + strlen(sock) + 1);
     return 0;
   }
+  if (G.fd >= 0) return 0; /* a restarted writer appends to the file this process created */
+  char dbuf[4096];
   const char* dir = getenv("PULSE_HOOK_DIR");
-  if (!dir || !*dir) dir = "/tmp";
-  char path[4096];
-  int len = snprintf(path, sizeof path, "%s/pulse-nccl-%s-%d.rec", dir, G.host, (int)G.pid);
-  if (len <= 0 || (size_t)len >= sizeof path) return -1;
-  G.fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (G.fd < 0) return -1;
+  if (!dir || !*dir) {
+    if (default_dir(dbuf, sizeof dbuf) != 0) { refuse(R_DIR_MISSING); return -1; }
+    dir = dbuf;
+  }
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) { refuse(R_DIR_MISSING); return -1; }
+  struct stat st;
+  int why = fstat(dfd, &st) != 0 ? R_DIR_MISSING : check_dir(&st);
+  if (why != R_NONE) { close(dfd); refuse(why); return -1; }
+  char name[256];
+  int len = snprintf(name, sizeof name, "pulse-nccl-%s-%d.rec", G.host, (int)G.pid);
+  if (len <= 0 || (size_t)len >= sizeof name) { close(dfd); refuse(R_FILE_CREATE); return -1; }
+  /* O_EXCL: never an existing file, O_NOFOLLOW: never through a planted symlink. */
+  G.fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_APPEND | O_CLOEXEC, 0600);
+  int err = errno;
+  close(dfd);
+  if (G.fd < 0) { refuse(err == EEXIST || err == ELOOP ? R_FILE_EXISTS : R_FILE_CREATE); return -1; }
   rec_t hello;
   fill_hello(&hello);
   if (write_all(G.fd, &hello, sizeof hello) != 0) {
     close(G.fd);
     G.fd = -1;
+    refuse(R_FILE_WRITE);
     return -1;
   }
   return 0;
@@ -287,7 +370,7 @@ static int start_locked(void) {
   while (cap < want && cap < MAX_RING) cap <<= 1;
   if (!G.ring) { /* once per process: a restarted flusher keeps the ring and its position */
     G.ring = calloc(cap, sizeof(cell_t));
-    if (!G.ring) return -1;
+    if (!G.ring) { refuse(R_RESOURCES); return -1; }
     G.mask = cap - 1;
     for (uint64_t i = 0; i < cap; i++) atomic_store(&G.ring[i].seq, i);
   }
@@ -298,7 +381,7 @@ static int start_locked(void) {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int rc = pthread_create(&G.thread, NULL, flusher, NULL);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (rc != 0) return -1;
+  if (rc != 0) { refuse(R_RESOURCES); return -1; }
   G.other.kind = H_OTHER;
   G.started = true;
   static bool atfork_set = false;
@@ -306,8 +389,10 @@ static int start_locked(void) {
   return 0;
 }
 
-/* Returns false when the writer thread could not be joined (it may still touch the ring). */
-static bool stop_locked(void) {
+/* Returns false when the writer thread could not be joined (it may still touch the ring).
+ * The record file stays open unless the library is unloading: it was created O_EXCL, so a
+ * writer restarted by a later communicator keeps appending to it. */
+static bool stop_locked(bool unloading) {
   if (!G.started) return true;
   atomic_store(&G.stop, 1);
   struct timespec deadline;
@@ -315,9 +400,12 @@ static bool stop_locked(void) {
   deadline.tv_sec += 2;
   bool joined = pthread_timedjoin_np(G.thread, NULL, &deadline) == 0;
   if (!joined) pthread_detach(G.thread);
-  if (G.fd >= 0) close(G.fd);
+  if (G.fd >= 0 && unloading) {
+    close(G.fd);
+    G.fd = -1;
+  }
   if (G.sock >= 0) close(G.sock);
-  G.fd = G.sock = -1;
+  G.sock = -1;
   G.started = false;
   atomic_store(&G.stop, 0);
   /* The ring stays allocated: a late call from another thread may still push into it. */
@@ -329,7 +417,7 @@ static bool stop_locked(void) {
 __attribute__((destructor)) static void at_unload(void) {
   disable();
   if (pthread_mutex_trylock(&G.lock) != 0) return;
-  stop_locked();
+  stop_locked(true);
   pthread_mutex_unlock(&G.lock);
 }
 
@@ -416,11 +504,13 @@ static void rec_head(rec_t* r, uint8_t kind, const ctx_t* c) {
 
 /* ---------------------------------------------------------------- the API */
 static pulse_nccl_result_t do_init(int abi, void** context, uint64_t comm_id, int* mask,
-                                   const char* name, int nnodes, int nranks, int rank) {
+                                   const char* name, int nnodes, int nranks, int rank,
+                                   pulse_nccl_logger_t logfn) {
   if (context) *context = NULL;
   if (mask) *mask = 0;
   if (!context || !mask || atomic_load(&G.disabled)) return PULSE_NCCL_SUCCESS;
   pthread_mutex_lock(&G.lock);
+  if (logfn) nccl_log = logfn;
   if (start_locked() != 0) {
     disable();
     pthread_mutex_unlock(&G.lock);
@@ -459,20 +549,17 @@ static pulse_nccl_result_t do_init(int abi, void** context, uint64_t comm_id, in
 
 static pulse_nccl_result_t init_v5(void** context, uint64_t comm_id, int* mask, const char* name,
                                    int nnodes, int nranks, int rank, pulse_nccl_logger_t logfn) {
-  (void)logfn;
-  return do_init(5, context, comm_id, mask, name, nnodes, nranks, rank);
+  return do_init(5, context, comm_id, mask, name, nnodes, nranks, rank, logfn);
 }
 
 static pulse_nccl_result_t init_v6(void** context, uint64_t comm_id, int* mask, const char* name,
                                    int nnodes, int nranks, int rank, pulse_nccl_logger_t logfn) {
-  (void)logfn;
-  return do_init(6, context, comm_id, mask, name, nnodes, nranks, rank);
+  return do_init(6, context, comm_id, mask, name, nnodes, nranks, rank, logfn);
 }
 
 static pulse_nccl_result_t init_v4(void** context, int* mask, const char* name, uint64_t comm_hash,
                                    int nnodes, int nranks, int rank, pulse_nccl_logger_t logfn) {
-  (void)logfn;
-  return do_init(4, context, comm_hash, mask, name, nnodes, nranks, rank);
+  return do_init(4, context, comm_hash, mask, name, nnodes, nranks, rank, logfn);
 }
 
 static uint64_t group_of(const pulse_event_descr_t* d, const void* legacy_parent, int abi) {
@@ -654,7 +741,7 @@ static pulse_nccl_result_t finalize(void* context) {
   if (!atomic_load(&G.disabled)) push(&r);
   if (atomic_fetch_sub(&G.live_ctx, 1) == 1) { /* last comm: flush and stop the thread */
     pthread_mutex_lock(&G.lock);
-    if (atomic_load(&G.live_ctx) == 0) stop_locked();
+    if (atomic_load(&G.live_ctx) == 0) stop_locked(false);
     pthread_mutex_unlock(&G.lock);
   }
   return PULSE_NCCL_SUCCESS;

@@ -13,6 +13,11 @@ communicator), ``coll``, ``p2p``, ``proxy_op``, ``net_qp`` and ``fini``. This mo
 
 ``seq`` counts operators per communicator in the order the rank issued them (a p2p group is
 one operator), which is the same on every rank of the communicator.
+
+Trust: the agent's socket is bound 0660 in a private directory (:mod:`pulse.safefs`), and
+every datagram's sender is read from the kernel (``SO_PASSCRED``/``SCM_CREDENTIALS``): only
+datagrams from allowed uids are decoded (:class:`SenderPolicy`); the rest are counted in
+``stats["rejected_senders"]``, so a local user cannot inject events that blame a node.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +36,8 @@ import numpy as np
 
 from pulse.errors import ConfigError, DecodeError
 from pulse.events import DTYPE_SIZES, CommEvent, FlowEvent, HookEvent, OpEvent
+from pulse.safefs import check_private_dir
+from pulse.settings import Settings
 
 REC_SIZE = 64
 MAGIC = 0x31534C50
@@ -124,12 +132,18 @@ class PluginDecoder:
     """Turns plugin records (bytes, fed in any pieces) into hook events."""
 
     def __init__(self, job: str = "", node: str | None = None,
-                 nic_names: dict[int, str] | None = None) -> None:
+                 nic_names: dict[int, str] | None = None, *, max_comms: int = Settings.max_comms_per_job,
+                 max_flows: int = Settings.max_flows_per_node) -> None:
+        # Bounds: a stream of records (a local user's, with socket access) naming ever new
+        # communicators or QPs must not grow this decoder without end.
+        self.max_comms = max_comms
+        self.max_flows = max_flows
         self.job = job
         self.node = node
         self.nic_names = dict(nic_names or {})
         self.stats: dict[str, int] = {"records": 0, "unknown": 0, "orphans": 0, "unsupported": 0,
-                                      "plugin_dropped": 0, "proxy_ops": 0, "qp_events": 0}
+                                      "plugin_dropped": 0, "proxy_ops": 0, "qp_events": 0, "rejected_comms": 0,
+                                      "rejected_flows": 0}
         self._ctx: dict[tuple[str, int, int], _Ctx] = {}
         self._flows: set[tuple[Any, ...]] = set()
         self._buf = b""
@@ -173,6 +187,9 @@ class PluginDecoder:
         nranks, rank = rec["nranks"], rec["rank"]
         if not 0 <= rank < nranks:
             self.stats["unsupported"] += 1
+            return
+        if key not in self._ctx and len(self._ctx) >= self.max_comms:
+            self.stats["rejected_comms"] += 1
             return
         ctx = _Ctx(comm_id=f"{rec['comm_id']:#x}", rank=rank, nranks=nranks)
         self._ctx[key] = ctx
@@ -276,6 +293,9 @@ class PluginDecoder:
         bound = bool(rec["has_peer"]) and 0 <= rec["peer"] < ctx.nranks
         key = (rec["host"], rec["proc"], device, qpn, rec["peer"] if bound else None, rec["channel"] if bound else None,
                rec["is_send"] if bound else None, ctx.comm_id)
+        if key not in self._flows and len(self._flows) >= self.max_flows:
+            self.stats["rejected_flows"] += 1
+            return
         if key in self._flows:
             return
         self._flows.add(key)
@@ -313,38 +333,109 @@ def read_plugin_file(path: str | os.PathLike[str], job: str = "", node: str | No
     return events, dec.stats
 
 
+_UCRED = struct.Struct("=iII")  # struct ucred: pid, uid, gid
+MAX_DATAGRAM = 1 << 16
+
+
+class SenderPolicy:
+    """Which senders' datagrams the agent keeps: their uid is in ``uids``, or owns a process
+    of the job (a pid listed in ``job_cgroup``/cgroup.procs, re-read at most once a second)."""
+
+    def __init__(self, uids: Iterable[int] = (), job_cgroup: str | os.PathLike[str] | None = None) -> None:
+        self.uids = frozenset(uids)
+        self.job_cgroup = Path(job_cgroup) if job_cgroup is not None else None
+        self._job_uids: frozenset[int] = frozenset()
+        self._read_at = float("-inf")
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SenderPolicy:
+        uids = settings.hook_allowed_uids
+        return cls(uids if uids is not None else (os.geteuid(),), settings.job_cgroup)
+
+    def allows(self, uid: int) -> bool:
+        if uid in self.uids:
+            return True
+        if self.job_cgroup is None:
+            return False
+        now = time.monotonic()
+        if now - self._read_at >= 1.0:
+            self._read_at = now
+            self._job_uids = frozenset(_owners(self.job_cgroup / "cgroup.procs"))
+        return uid in self._job_uids
+
+
+def _owners(procs: Path) -> Iterator[int]:
+    try:
+        pids = procs.read_text().split()
+    except OSError:
+        return
+    for pid in pids[:1 << 16]:  # a bound: a job has far fewer processes
+        try:
+            yield os.stat(f"/proc/{pid}").st_uid
+        except (OSError, ValueError):
+            continue
+
+
 def receive_plugin_socket(path: str | os.PathLike[str], *, timeout: float | None = None,
                           max_datagrams: int | None = None, job: str = "", node: str | None = None,
                           nic_names: dict[int, str] | None = None,
-                          decoder: PluginDecoder | None = None) -> Iterator[HookEvent]:
+                          decoder: PluginDecoder | None = None,
+                          senders: SenderPolicy | None = None) -> Iterator[HookEvent]:
     """Bind a Unix datagram socket at ``path`` (the plugin's ``PULSE_HOOK_SOCKET``) now, and
     return an iterator of hook events as datagrams arrive; it stops after ``timeout`` seconds
-    without data or after ``max_datagrams``, and then removes the socket file."""
+    without data or after ``max_datagrams``, and then removes the socket file.
+
+    The socket's directory must be private (created 0700 when missing); the socket is 0660.
+    Datagrams from senders ``senders`` does not allow (default: the settings'
+    ``PULSE_HOOK_ALLOWED_UIDS``, else our own uid, plus the owners of ``PULSE_JOB_CGROUP``'s
+    processes) are dropped and counted in ``stats["rejected_senders"]``."""
     p = Path(path)
-    if p.exists():
-        if not p.is_socket():
-            raise ConfigError(f"{p}: exists and is not a socket")
-        p.unlink()
+    check_private_dir(p.parent, "hook socket directory")
+    if p.is_symlink() or (p.exists() and not p.is_socket()):
+        raise ConfigError(f"{p}: exists and is not a socket")
+    p.unlink(missing_ok=True)
+    policy = senders if senders is not None else SenderPolicy.from_settings(Settings.from_env())
     dec = decoder or PluginDecoder(job=job, node=node, nic_names=nic_names)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    old = os.umask(0o117)  # born 0660: no window in which anyone else may connect
     try:
         sock.bind(str(p))
     except OSError as exc:
         sock.close()
         raise ConfigError(f"{p}: cannot bind a datagram socket ({exc.strerror})") from None
+    finally:
+        os.umask(old)
     sock.settimeout(timeout)
-    return _receive(sock, p, dec, max_datagrams)
+    return _receive(sock, p, dec, max_datagrams, policy)
 
 
-def _receive(sock: socket.socket, p: Path, dec: PluginDecoder, max_datagrams: int | None) -> Iterator[HookEvent]:
+def _sender_uid(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            return int(_UCRED.unpack_from(data)[1])
+    return None
+
+
+def _receive(sock: socket.socket, p: Path, dec: PluginDecoder, max_datagrams: int | None,
+             policy: SenderPolicy) -> Iterator[HookEvent]:
+    dec.stats.setdefault("rejected_senders", 0)
+    cmsg = socket.CMSG_SPACE(_UCRED.size)
     try:
         n = 0
         while max_datagrams is None or n < max_datagrams:
             try:
-                data = sock.recv(1 << 16)
+                data, anc, flags, _ = sock.recvmsg(MAX_DATAGRAM, cmsg)
             except TimeoutError:
                 break
             n += 1
+            uid = _sender_uid(anc)
+            if uid is None or not policy.allows(uid):
+                dec.stats["rejected_senders"] += 1
+                continue
+            if flags & socket.MSG_TRUNC:
+                dec.stats["bad_datagrams"] = dec.stats.get("bad_datagrams", 0) + 1
+                continue
             try:
                 yield from dec.feed_datagram(data, where=f"{p} datagram {n}")
             except DecodeError:

@@ -18,7 +18,8 @@
 typedef int pulse_nccl_result_t; /* ncclResult_t is an int-sized enum; 0 = ncclSuccess */
 #define PULSE_NCCL_SUCCESS 0
 
-/* ncclDebugLogger_t: NCCL passes its logger; Pulse never calls it. */
+/* ncclDebugLogger_t: NCCL passes its logger; Pulse calls it once, at WARN level, when it
+ * disables itself (the reason; see pulse_nccl_refusal). */
 typedef void (*pulse_nccl_logger_t)(int level, unsigned long flags, const char* file, int line,
                                     const char* fmt, ...);
 

@@ -26,6 +26,7 @@ import orjson
 from pulse import events as _events
 from pulse import samples as _samples
 from pulse.errors import ConfigError, ServiceError
+from pulse.kafka_security import check_kafka, kafka_client_kwargs
 from pulse.settings import Settings
 
 from .coalesce import Coalescer
@@ -103,7 +104,12 @@ class Publisher:
         await self.stop()
 
     async def start(self, *, wait_s: float = 0.0) -> None:
-        """Start the background tasks; with ``wait_s`` wait that long for a first connection."""
+        """Start the background tasks; with ``wait_s`` wait that long for a first connection.
+
+        A broker that refuses our TLS or SASL settings (wrong CA, expired certificate, wrong
+        password) is a :class:`ConfigError` naming the setting, raised here before anything is
+        taken; a broker that is only down is not (messages spool until it is back)."""
+        await check_kafka(self.settings, self.bootstrap, timeout_s=max(self.send_timeout_s, 1.0))
         self._tasks = [asyncio.create_task(self._settle_loop(), name="pulse-settle"),
                        asyncio.create_task(self._reconnect_loop(), name="pulse-reconnect"),
                        asyncio.create_task(self._watchdog(), name="pulse-watchdog")]
@@ -308,20 +314,46 @@ class Publisher:
         from pulse.broker import probe_metadata
 
         hosts = [h.rsplit(":", 1) for h in self.bootstrap.split(",")]
-        while True:
-            await asyncio.sleep(self.probe_interval_s)
-            if not self._up:
-                continue
-            ok = False
-            for host, port in hosts:
-                try:
-                    await asyncio.to_thread(probe_metadata, host, int(port), 1.0)
-                    ok = True
-                    break
-                except Exception:
+        secure = self.settings.kafka_security_protocol != "PLAINTEXT"
+        conns: dict[tuple[str, int], Any] = {}
+        try:
+            while True:
+                await asyncio.sleep(self.probe_interval_s)
+                if not self._up:
                     continue
-            if not ok and self._up:
-                self._down(ConnectionError(f"no broker answers at {self.bootstrap}"))
+                ok = False
+                for host, port in hosts:
+                    try:
+                        if secure:
+                            await self._probe_secure(conns, host, int(port))
+                        else:
+                            await asyncio.to_thread(probe_metadata, host, int(port), 1.0)
+                        ok = True
+                        break
+                    except Exception:
+                        continue
+                if not ok and self._up:
+                    self._down(ConnectionError(f"no broker answers at {self.bootstrap}"))
+        finally:
+            for conn in conns.values():
+                conn.close()
+
+    async def _probe_secure(self, conns: dict[tuple[str, int], Any], host: str, port: int) -> None:
+        # Over TLS/SASL a raw Metadata request cannot be sent: keep one authenticated
+        # connection per server for the probes (a handshake every probe would cost more).
+        from aiokafka.conn import create_conn
+        from aiokafka.protocol.metadata import MetadataRequest
+
+        conn = conns.pop((host, port), None)
+        try:
+            if conn is None or not conn.connected():
+                conn = await asyncio.wait_for(create_conn(host, port, **kafka_client_kwargs(self.settings)), 1.0)
+            await asyncio.wait_for(conn.send(MetadataRequest([])), 1.0)
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        conns[(host, port)] = conn
 
     def _spool_inflight(self) -> None:
         # Unconfirmed messages keep their order ahead of anything spooled after them.
@@ -383,6 +415,7 @@ class Publisher:
             await ensure_topics(self.bootstrap, self.settings, timeout_s=self.send_timeout_s)
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, client_id=self.client_id, acks="all",
+            **kafka_client_kwargs(self.settings),
             compression_type=self.compression, linger_ms=self.linger_ms,
             max_batch_size=self.max_batch_bytes, max_request_size=max(self.max_batch_bytes, 16 << 20),
             request_timeout_ms=int(self.send_timeout_s * 1000), retry_backoff_ms=100,
@@ -448,7 +481,8 @@ async def ensure_topics(bootstrap: str, settings: Settings, *, timeout_s: float 
     # incidents: key = incident id, only the latest state of each matters
     compact = {t.incidents: {"cleanup.policy": "compact"}}
     try:
-        return await create_topics(bootstrap, wanted, timeout_s=timeout_s, configs=compact)
+        return await create_topics(bootstrap, wanted, timeout_s=timeout_s, configs=compact,
+                                   client=kafka_client_kwargs(settings))
     except ServiceError:
         raise
     except ConfigError:

@@ -6,6 +6,9 @@ unlinked only after the broker confirmed every record in it. The spool survives 
 producer restart: a new :class:`Spool` on the same directory picks up where the old one
 stopped. When appending would exceed ``max_bytes`` the message is dropped, counted in
 ``dropped`` and logged once per burst: the bound is the only way anything is lost.
+
+The directory must be private (:mod:`pulse.safefs`: created 0700, refused when another user
+could swap files in it); segments are created ``O_EXCL|O_NOFOLLOW``, mode 0600.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pulse.errors import ConfigError, DecodeError
+from pulse.safefs import create_file, open_private_dir
 
 log = logging.getLogger("pulse.producers.spool")
 
@@ -34,10 +38,7 @@ class Spool:
         if max_bytes < 0:
             raise ConfigError(f"spool bound {max_bytes}: must be >= 0")
         self.dir = Path(directory)
-        try:
-            self.dir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"spool directory {self.dir}: cannot create it ({exc.strerror})") from None
+        os.close(open_private_dir(self.dir, "spool directory (PULSE_SPOOL_DIR)"))
         self.max_bytes = int(max_bytes)
         self.segment_bytes = int(segment_bytes)
         self.dropped = 0
@@ -99,7 +100,15 @@ class Spool:
             fh.close()  # type: ignore[attr-defined]
         num = self._next
         self._next += 1
-        fh = open(self.dir / f"{num:016d}{SUFFIX}", "ab")
+        dfd = open_private_dir(self.dir, "spool directory (PULSE_SPOOL_DIR)", create=False)
+        try:
+            fd = create_file(dfd, f"{num:016d}{SUFFIX}", append=True)
+        except FileExistsError:
+            raise ConfigError(f"spool directory {self.dir}: segment {num:016d}{SUFFIX} appeared "
+                              "under us (another writer?)") from None
+        finally:
+            os.close(dfd)
+        fh = os.fdopen(fd, "ab")
         self._writer = (num, fh)
         return fh
 

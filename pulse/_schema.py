@@ -238,7 +238,20 @@ class Record:
             _decoding.active = False
 
 
-def loads(raw: bytes | bytearray | memoryview | str, where: str) -> Any:
+MAX_MESSAGE_BYTES = 16 << 20
+"""Largest message any decoder accepts (``Settings.max_message_bytes``, PULSE_MAX_MESSAGE_BYTES,
+has the same default): checked before parsing, so a huge message costs nothing but its read.
+Nesting is bounded by orjson itself (1024 levels; deeper is a decode error)."""
+
+
+def check_size(raw: bytes | bytearray | memoryview | str, where: str, max_bytes: int = MAX_MESSAGE_BYTES) -> None:
+    n = memoryview(raw).nbytes if not isinstance(raw, str) else len(raw)
+    if n > max_bytes:
+        raise DecodeError(f"{where}: message of {n} bytes, over the limit of {max_bytes} (PULSE_MAX_MESSAGE_BYTES)")
+
+
+def loads(raw: bytes | bytearray | memoryview | str, where: str, max_bytes: int = MAX_MESSAGE_BYTES) -> Any:
+    check_size(raw, where, max_bytes)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from pulse.errors import ConfigError, ServiceError
 
@@ -131,7 +132,8 @@ class EmbeddedBroker:
 
     def __init__(self, port: int | None = None, *, host: str = HOST, log_path: str | Path | None = None,
                  startup_timeout: float = 30.0, stop_timeout: float = 5.0,
-                 binary: str | Path | None = None, die_with_parent: bool = True) -> None:
+                 binary: str | Path | None = None, die_with_parent: bool = True,
+                 advertised_port: int | None = None, authentication: bool = False) -> None:
         if port is not None and not 0 < int(port) < 65536:
             raise ConfigError(f"broker port {port}: must be in 1..65535")
         self.host = host
@@ -147,6 +149,11 @@ class EmbeddedBroker:
         self.log_path = Path(log_path)
         self._proc: subprocess.Popen[bytes] | None = None
         self.die_with_parent = die_with_parent
+        # A TLS terminator (stunnel) in front listens on this port: clients must come back
+        # through it, so it is the address the broker advertises in metadata.
+        self.advertised_port = advertised_port
+        # Tansu's --authentication: every client must pass SASL (SCRAM) first.
+        self.authentication = authentication
 
     @property
     def bootstrap(self) -> str:
@@ -185,8 +192,11 @@ class EmbeddedBroker:
     def _spawn(self, port: int) -> subprocess.Popen[bytes]:
         binary = self._binary or tansu_binary()
         url = f"tcp://{self.host}:{port}"
-        cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", url,
+        advertised = f"tcp://{self.host}:{self.advertised_port}" if self.advertised_port else url
+        cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
                "--storage-engine", "memory://tansu/"]
+        if self.authentication:
+            cmd.append("--authentication")
         # Tansu also reads these from the environment; keep a user's settings out of ours.
         env = {k: v for k, v in os.environ.items()
                if k not in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID")}
@@ -209,6 +219,9 @@ class EmbeddedBroker:
             if proc.poll() is not None:
                 return False
             try:
+                if self.authentication:  # Metadata needs SASL first: a listening port will do
+                    socket.create_connection((self.host, port), timeout=1.0).close()
+                    return True
                 if probe_metadata(self.host, port, timeout=1.0) >= 1:
                     return True
             except (OSError, ConnectionError, struct.error):
@@ -281,9 +294,11 @@ class EmbeddedBroker:
 
 
 async def create_topics(bootstrap: str, partitions: Mapping[str, int], *, replication: int = 1,
-                        timeout_s: float = 30.0, configs: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, int]:
+                        timeout_s: float = 30.0, configs: Mapping[str, Mapping[str, str]] | None = None,
+                        client: Mapping[str, Any] | None = None) -> dict[str, int]:
     """Make sure each topic exists with exactly the given partition count (and, when it is
-    created here, the given topic configs, e.g. ``cleanup.policy=compact``).
+    created here, the given topic configs, e.g. ``cleanup.policy=compact``); ``client``:
+    the security options of every Pulse Kafka client (:mod:`pulse.kafka_security`).
 
     Topics that exist already are kept if their count matches; a mismatch is a
     :class:`ConfigError` (co-partitioned topics must agree). Returns topic -> partitions.
@@ -294,7 +309,8 @@ async def create_topics(bootstrap: str, partitions: Mapping[str, int], *, replic
     for name, n in partitions.items():
         if not isinstance(n, int) or n < 1:
             raise ConfigError(f"topic {name!r}: partition count {n!r} must be a positive integer")
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                                **dict(client or {}))
     try:
         try:
             await asyncio.wait_for(admin.start(), timeout_s)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Union
 
-from pulse._schema import INT64, NONNEG, UINT32, Field, Record, loads, unpack
+from pulse._schema import INT64, MAX_MESSAGE_BYTES, NONNEG, UINT32, Field, Record, loads, unpack
 from pulse.errors import DecodeError, EncodeError
 from pulse.samples import check_name
 
@@ -284,7 +284,7 @@ def encode_packed_json(values: list[bytes]) -> bytes:
     return b'{"type":"batch","v":1,"events":[' + b",".join(values) + b"]}"
 
 
-def events_from_dict(data: Any, where: str = "hook events") -> list[HookEvent]:
+def events_from_dict(data: Any, where: str = "hook events", *, max_events: int = PACKED_MAX_EVENTS) -> list[HookEvent]:
     """The events of a decoded message: one for the single form, the list of a packed one.
 
     A packed message is all or nothing: one bad event rejects it (naming its index)."""
@@ -292,10 +292,12 @@ def events_from_dict(data: Any, where: str = "hook events") -> list[HookEvent]:
         raise DecodeError(f"{where}: expected a JSON object, got {type(data).__name__}")
     if data.get("type") != PACKED_TYPE:
         return [from_dict(data, where)]
-    return unpack(data, where, what="hook events", key="events", limit=PACKED_MAX_EVENTS, decode=from_dict,
-                  same="node")
+    return unpack(data, where, what="hook events", key="events", limit=min(max_events, PACKED_MAX_EVENTS),
+                  decode=from_dict, same="node")
 
 
-def decode_many(raw: bytes | bytearray | memoryview | str, where: str = "hook events") -> list[HookEvent]:
-    """Decode a hook-events message in either form (single event or packed)."""
-    return events_from_dict(loads(raw, where), where)
+def decode_many(raw: bytes | bytearray | memoryview | str, where: str = "hook events", *,
+                max_bytes: int = MAX_MESSAGE_BYTES, max_events: int = PACKED_MAX_EVENTS) -> list[HookEvent]:
+    """Decode a hook-events message in either form (single event or packed), of at most
+    ``max_bytes`` and ``max_events`` events (never more than :data:`PACKED_MAX_EVENTS`)."""
+    return events_from_dict(loads(raw, where, max_bytes), where, max_events=max_events)

@@ -25,6 +25,7 @@ import struct
 
 import numpy as np
 
+from pulse._schema import MAX_MESSAGE_BYTES
 from pulse.errors import DecodeError, EncodeError
 from pulse.settings import MAX_EPOCH_NS, MIN_EPOCH_NS
 
@@ -197,14 +198,19 @@ def encode(batch: EpochBatch) -> bytes:
     return b"".join([head, *names, *(np.ascontiguousarray(c, dtype=_U32).tobytes() for c in cols)])
 
 
-def decode(buf: bytes | bytearray | memoryview, *, where: str = "batch") -> EpochBatch:
-    """Decode and fully validate one batch; ``where`` prefixes error messages."""
+def decode(buf: bytes | bytearray | memoryview, *, where: str = "batch",
+           max_bytes: int = MAX_MESSAGE_BYTES) -> EpochBatch:
+    """Decode and fully validate one batch of at most ``max_bytes``; ``where`` prefixes
+    error messages."""
     try:
         mv = memoryview(buf)
         if mv.format != "B" or mv.ndim != 1:
             mv = mv.cast("B")
     except TypeError as exc:
         raise DecodeError(f"{where}: expected bytes, got {type(buf).__name__} ({exc})") from None
+    if mv.nbytes > max_bytes:
+        raise DecodeError(f"{where}: message of {mv.nbytes} bytes, over the limit of {max_bytes} "
+                          "(PULSE_MAX_MESSAGE_BYTES)")
     if mv.nbytes < HEADER_SIZE:
         raise DecodeError(f"{where}: {mv.nbytes} bytes is shorter than the {HEADER_SIZE}-byte header")
     magic, version, flags, epoch_ns, n, seq, t0, lj, ln, lc = _HEAD.unpack_from(mv, 0)

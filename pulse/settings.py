@@ -17,6 +17,35 @@ MIN_EPOCH_NS = 1_000
 MAX_EPOCH_NS = 1_000_000_000
 DEFAULT_EPOCH_NS = 32_000
 
+KAFKA_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+def _read_secret(var: str, path: str) -> str:
+    """A secret from a file (never from the environment or argv); the value is never echoed."""
+    try:
+        value = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{var}={path}: cannot read it ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{var}={path}: not UTF-8 text") from None
+    if not value:
+        raise ConfigError(f"{var}={path}: empty file")
+    return value
+
+
+def is_loopback_url(url: str) -> bool:
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
 
 @dataclasses.dataclass(frozen=True)
 class Topics:
@@ -78,6 +107,35 @@ class Settings:
     ``http://alertmanager:9093/api/v2/alerts``); None: no alerts."""
     alert_report_url: str | None = None
     """Link put in each alert (``{job}`` and ``{id}`` are replaced), e.g. a Grafana dashboard."""
+    # Kafka security (every client builds its options from these: pulse.kafka_security).
+    kafka_security_protocol: str = "PLAINTEXT"
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    kafka_sasl_password_file: Path | None = None
+    # InfluxDB transport.
+    influx_ca_file: Path | None = None
+    influx_allow_plain_token: bool = False
+    """Allow sending the token over plain http to a non-loopback host (off: refused)."""
+    # Who may send hook records to the agent's socket.
+    hook_allowed_uids: tuple[int, ...] | None = None
+    """None: the agent's own uid (plus the owners of ``job_cgroup``'s processes)."""
+    job_cgroup: Path | None = None
+    """The job's cgroup v2 directory: uids owning its processes may send hook records."""
+    # Bounds on hostile input (see docs/security.md).
+    max_message_bytes: int = 16 << 20
+    """Largest Kafka message a decoder accepts (pulse._schema.MAX_MESSAGE_BYTES)."""
+    max_events_per_batch: int = 16_384
+    """Most hook events in one packed message (producers pack at most 4,096)."""
+    max_flows_per_node: int = 1 << 20
+    """Most distinct (nic, flow) bindings kept per node."""
+    max_comms_per_job: int = 4_096
+    """Most communicators kept per job (and per plugin decoder)."""
+    max_nodes_per_worker: int = 4_096
+    """Most nodes one worker keeps segmentation state for."""
 
     @property
     def topics(self) -> Topics:
@@ -108,6 +166,37 @@ class Settings:
             raise ConfigError(f"PULSE_ALERT_URL={self.alert_url!r}: must start with http:// or https://")
         if self.influx_url is not None and not self.influx_url.startswith(("http://", "https://")):
             raise ConfigError(f"PULSE_INFLUX_URL={self.influx_url!r}: must start with http:// or https://")
+        if (self.influx_url is not None and self.influx_url.startswith("http://") and self.influx_token
+                and not self.influx_allow_plain_token and not is_loopback_url(self.influx_url)):
+            raise ConfigError(f"PULSE_INFLUX_URL={self.influx_url}: refusing to send the InfluxDB token over plain "
+                              "http to a non-loopback host (use https://, or set PULSE_INFLUX_ALLOW_PLAIN_TOKEN=1)")
+        self._check_kafka()
+        for name in ("max_message_bytes", "max_events_per_batch", "max_flows_per_node", "max_comms_per_job",
+                     "max_nodes_per_worker"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"PULSE_{name.upper()}={getattr(self, name)}: must be >= 1")
+
+    def _check_kafka(self) -> None:
+        proto = self.kafka_security_protocol
+        if proto not in KAFKA_PROTOCOLS:
+            raise ConfigError(f"PULSE_KAFKA_SECURITY_PROTOCOL={proto!r}: use one of {', '.join(KAFKA_PROTOCOLS)}")
+        if (self.kafka_ssl_certfile is None) != (self.kafka_ssl_keyfile is None):
+            raise ConfigError("PULSE_KAFKA_SSL_CERTFILE and PULSE_KAFKA_SSL_KEYFILE: give both (a client "
+                              "certificate and its key) or neither")
+        tls_files = (self.kafka_ssl_cafile, self.kafka_ssl_certfile)
+        if "SSL" not in proto and any(f is not None for f in tls_files):
+            raise ConfigError(f"PULSE_KAFKA_SSL_*: set, but PULSE_KAFKA_SECURITY_PROTOCOL={proto} does not use TLS")
+        if proto.startswith("SASL"):
+            if self.kafka_sasl_mechanism not in SASL_MECHANISMS:
+                raise ConfigError(f"PULSE_KAFKA_SASL_MECHANISM={self.kafka_sasl_mechanism!r}: with {proto} use one "
+                                  f"of {', '.join(SASL_MECHANISMS)}")
+            if not self.kafka_sasl_username:
+                raise ConfigError(f"PULSE_KAFKA_SASL_USERNAME: required with {proto}")
+            if not self.kafka_sasl_password:
+                raise ConfigError(f"PULSE_KAFKA_SASL_PASSWORD_FILE: required with {proto} (the password is read "
+                                  "from a file only)")
+        elif self.kafka_sasl_mechanism or self.kafka_sasl_username:
+            raise ConfigError(f"PULSE_KAFKA_SASL_*: set, but PULSE_KAFKA_SECURITY_PROTOCOL={proto} does not use SASL")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -127,19 +216,31 @@ class Settings:
             except ValueError:
                 raise ConfigError(f"PULSE_{name}={raw!r}: not an integer") from None
 
+        def path(name: str) -> Path | None:
+            raw = get(name)
+            return Path(raw) if raw is not None else None
+
+        def flag(name: str) -> bool:
+            raw = (get(name) or "0").lower()
+            if raw not in ("0", "1", "true", "false", "yes", "no"):
+                raise ConfigError(f"PULSE_{name}={raw!r}: use 1 or 0")
+            return raw in ("1", "true", "yes")
+
+        def uids(name: str) -> tuple[int, ...] | None:
+            raw = get(name)
+            if raw is None:
+                return None
+            try:
+                return tuple(int(u) for u in raw.replace(" ", "").split(",") if u)
+            except ValueError:
+                raise ConfigError(f"PULSE_{name}={raw!r}: expected numeric uids separated by commas") from None
+
         token = get("INFLUX_TOKEN")
         token_file = get("INFLUX_TOKEN_FILE")
         if token is None and token_file is not None:
-            try:
-                token = Path(token_file).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                raise ConfigError(
-                    f"PULSE_INFLUX_TOKEN_FILE={token_file}: cannot read it ({exc.strerror})"
-                ) from None
-            except UnicodeDecodeError:
-                raise ConfigError(f"PULSE_INFLUX_TOKEN_FILE={token_file}: not UTF-8 text") from None
-            if not token:
-                raise ConfigError(f"PULSE_INFLUX_TOKEN_FILE={token_file}: empty file")
+            token = _read_secret("PULSE_INFLUX_TOKEN_FILE", token_file)
+        password_file = get("KAFKA_SASL_PASSWORD_FILE")
+        password = _read_secret("PULSE_KAFKA_SASL_PASSWORD_FILE", password_file) if password_file else None
         epoch_ns = integer("EPOCH_NS", DEFAULT_EPOCH_NS)
         if get("EPOCH_US") is not None and get("EPOCH_NS") is None:
             epoch_ns = integer("EPOCH_US", DEFAULT_EPOCH_NS // 1000) * 1000
@@ -159,6 +260,23 @@ class Settings:
             data_dir=Path(get("DATA_DIR") or defaults.data_dir),
             alert_url=get("ALERT_URL"),
             alert_report_url=get("ALERT_REPORT_URL"),
+            kafka_security_protocol=(get("KAFKA_SECURITY_PROTOCOL") or defaults.kafka_security_protocol).upper(),
+            kafka_ssl_cafile=path("KAFKA_SSL_CAFILE"),
+            kafka_ssl_certfile=path("KAFKA_SSL_CERTFILE"),
+            kafka_ssl_keyfile=path("KAFKA_SSL_KEYFILE"),
+            kafka_sasl_mechanism=(get("KAFKA_SASL_MECHANISM") or "").upper() or None,
+            kafka_sasl_username=get("KAFKA_SASL_USERNAME"),
+            kafka_sasl_password=password,
+            kafka_sasl_password_file=Path(password_file) if password_file else None,
+            influx_ca_file=path("INFLUX_CA_FILE"),
+            influx_allow_plain_token=flag("INFLUX_ALLOW_PLAIN_TOKEN"),
+            hook_allowed_uids=uids("HOOK_ALLOWED_UIDS"),
+            job_cgroup=path("JOB_CGROUP"),
+            max_message_bytes=integer("MAX_MESSAGE_BYTES", defaults.max_message_bytes),
+            max_events_per_batch=integer("MAX_EVENTS_PER_BATCH", defaults.max_events_per_batch),
+            max_flows_per_node=integer("MAX_FLOWS_PER_NODE", defaults.max_flows_per_node),
+            max_comms_per_job=integer("MAX_COMMS_PER_JOB", defaults.max_comms_per_job),
+            max_nodes_per_worker=integer("MAX_NODES_PER_WORKER", defaults.max_nodes_per_worker),
         )
 
     def override(self, **changes: object) -> Settings:
@@ -170,6 +288,7 @@ class Settings:
         """A printable view: the token is never echoed."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["influx_token"] = "***" if self.influx_token else None
+        out["kafka_sasl_password"] = "***" if self.kafka_sasl_password else None
         return {k: str(v) if isinstance(v, Path) else v for k, v in out.items()}
 
 
@@ -179,5 +298,10 @@ ENV_VARS = (
     "PULSE_INFLUX_TOKEN_FILE", "PULSE_SPOOL_DIR", "PULSE_SPOOL_MAX_BYTES", "PULSE_WORKER_ID",
     "PULSE_ALERT_URL", "PULSE_ALERT_REPORT_URL",
     "PULSE_DATA_DIR",
+    "PULSE_DATA_DIR", "PULSE_KAFKA_SECURITY_PROTOCOL", "PULSE_KAFKA_SSL_CAFILE", "PULSE_KAFKA_SSL_CERTFILE",
+    "PULSE_KAFKA_SSL_KEYFILE", "PULSE_KAFKA_SASL_MECHANISM", "PULSE_KAFKA_SASL_USERNAME",
+    "PULSE_KAFKA_SASL_PASSWORD_FILE", "PULSE_INFLUX_CA_FILE", "PULSE_INFLUX_ALLOW_PLAIN_TOKEN",
+    "PULSE_HOOK_ALLOWED_UIDS", "PULSE_JOB_CGROUP", "PULSE_MAX_MESSAGE_BYTES", "PULSE_MAX_EVENTS_PER_BATCH",
+    "PULSE_MAX_FLOWS_PER_NODE", "PULSE_MAX_COMMS_PER_JOB", "PULSE_MAX_NODES_PER_WORKER",
 )
 """Every variable ``from_env`` reads (infra tests check compose files against this)."""

@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 VENV="${VENV:-$ROOT/.venv}"
-APT_PACKAGES=(influxdb victoria-metrics prometheus-alertmanager tcpdump tshark iproute2 nftables ethtool gcc shellcheck docker-compose)
+APT_PACKAGES=(influxdb victoria-metrics prometheus-alertmanager tcpdump tshark iproute2 nftables ethtool gcc shellcheck docker-compose stunnel4)
 
 say() { printf '[dev.sh] %s\n' "$*" >&2; }
 die() { say "error: $*"; exit 1; }

@@ -38,6 +38,8 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 
+from pulse.bounds import InputBounds
+from pulse.kafka_security import check_kafka, faust_broker_credentials, kafka_client_kwargs
 from pulse.records import Verdict
 from pulse.settings import Settings
 
@@ -106,7 +108,7 @@ class Pipeline:
         self.health_path = health_path  # `pulse worker --health` reads it (health.py)
         self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
-        self.segment_state = SegmentState(self.topics, segment_params)
+        self.segment_state = SegmentState(self.topics, segment_params, InputBounds.from_settings(settings))
         # Localization in a child process by default: a core of its own rather than a share
         # of this process's GIL with Faust and segmentation (see offload.py).
         self.localize_state: LocalizeState | LocalizeProcess = (
@@ -144,6 +146,7 @@ class Pipeline:
         t = self.topics
         app = faust.App(
             s.worker_id, broker=f"kafka://{self.bootstrap}", store="memory://", datadir=self._datadir,
+            broker_credentials=faust_broker_credentials(s),
             autodiscover=False,
             web_enabled=False, processing_guarantee="at_least_once", topic_partitions=s.partitions,
             topic_replication_factor=1, topic_allow_declare=False, topic_disable_leader=True,
@@ -355,7 +358,8 @@ class Pipeline:
         the order it was produced: replaying it rebuilds the in-memory state exactly as it
         was at the commit (outputs were sent before that commit, so they are dropped)."""
         try:
-            committed = await committed_offsets(self.bootstrap, self.settings.worker_id, topics)
+            committed = await committed_offsets(self.bootstrap, self.settings.worker_id, topics,
+                                                client=kafka_client_kwargs(self.settings))
         except Exception as exc:  # a broker without OffsetFetch for admins: start empty
             log.warning("cannot read committed offsets (%s): state starts empty", exc)
             return []
@@ -363,7 +367,7 @@ class Pipeline:
         for topic in topics:
             upto = {p: off for (t, p), off in committed.items() if t == topic}
             if upto:
-                msgs += await read_back(self.bootstrap, topic, upto=upto)
+                msgs += await read_back(self.bootstrap, topic, upto=upto, client=kafka_client_kwargs(self.settings))
         msgs.sort(key=lambda m: (m.timestamp or 0, m.topic != self.topics.hook_events))
         return msgs
 
@@ -427,6 +431,7 @@ def run_worker(settings: Settings, *, bootstrap: str | None = None, loglevel: st
     from pulse.producers.publisher import ensure_topics
 
     bs = settings.bootstrap(bootstrap)
+    asyncio.run(check_kafka(settings, bs))
     asyncio.run(ensure_topics(bs, settings, timeout_s=30.0))
     pipe = Pipeline(settings, bootstrap=bs, influx=influx, **kwargs)
     worker = faust.Worker(pipe.app, loglevel=loglevel, quiet=True, redirect_stdouts=False)

@@ -18,6 +18,7 @@ from typing import Any
 import click
 import orjson
 
+from pulse.kafka_security import kafka_client_kwargs
 from pulse.settings import Settings
 
 
@@ -101,9 +102,10 @@ async def _pipeline_run(settings: Settings, trace: Path, workdir: Path) -> dict[
     log = workdir / "worker.log"
     proc = start_worker(settings, bs, log)
     try:
-        await wait_worker_ready(bs, settings.topics.pipeline, proc=proc, log_path=log, worker=settings.worker_id)
+        await wait_worker_ready(bs, settings.topics.pipeline, proc=proc, log_path=log, worker=settings.worker_id,
+                                client=kafka_client_kwargs(settings))
         pipe = AIOKafkaConsumer(settings.topics.pipeline, bootstrap_servers=bs, group_id=None,
-                                auto_offset_reset="latest")
+                                auto_offset_reset="latest", **kafka_client_kwargs(settings))
         await pipe.start()
         async with Publisher(settings, linger_ms=5, coalesce_ms=COALESCE_MS) as pub:
             t0 = time.time()  # after connecting, like the raw reference

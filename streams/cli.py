@@ -59,8 +59,7 @@ def worker(broker: str | None, prefix: str | None, partitions: int | None, worke
 
     influx = None
     if s.influx_url:
-        influx = InfluxSink(s.influx_url, org=s.influx_org, bucket=s.influx_bucket, token=s.influx_token,
-                            write_ops=not no_ops_to_influx)
+        influx = InfluxSink.from_settings(s, write_ops=not no_ops_to_influx)
     alerts = None
     if s.alert_url:
         from .alerts import AlertSink

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from pulse.errors import ServiceError
+from pulse.kafka_security import kafka_client_kwargs
 from pulse.settings import Settings
 
 READY_TIMEOUT_S = 90.0
@@ -109,13 +110,13 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
 
 async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = READY_TIMEOUT_S,
                             proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
-                            worker: str | None = None) -> dict[str, Any]:
+                            worker: str | None = None, client: dict[str, Any] | None = None) -> dict[str, Any]:
     """Wait for a pipeline record with assigned partitions (the worker joined its group) and
     both agents past rebuilding their state (``ready``), so a job streamed now is taken at once."""
     from aiokafka import AIOKafkaConsumer
 
     c = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="latest", group_id=None,
-                         metadata_max_age_ms=1000, fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+                         metadata_max_age_ms=1000, fetch_max_wait_ms=FETCH_MAX_WAIT_MS, **(client or {}))
     await c.start()
     deadline = time.monotonic() + timeout_s
     try:
@@ -172,11 +173,11 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
     clock = ReplayClock(cfg.speed)
     try:
         await wait_worker_ready(bootstrap, settings.topics.pipeline, proc=proc, log_path=log_path,
-                                worker=settings.worker_id)
+                                worker=settings.worker_id, client=kafka_client_kwargs(settings))
         # A short fetch wait: Tansu answers a waiting fetch only when the wait ends, and the
         # verdicts' arrival time is what the latency measures.
         cons = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+                                fetch_max_wait_ms=FETCH_MAX_WAIT_MS, **kafka_client_kwargs(settings))
         await cons.start()
         tps = [TopicPartition(topic, p) for topic in (settings.topics.verdicts, settings.topics.incidents)
                for p in sorted(cons.partitions_for_topic(topic) or {0})]
@@ -185,7 +186,8 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         for tp in tps:
             await cons.position(tp)
         pipe = AIOKafkaConsumer(settings.topics.pipeline, bootstrap_servers=bootstrap, group_id=None,
-                                auto_offset_reset="latest", fetch_max_wait_ms=FETCH_MAX_WAIT_MS)
+                                auto_offset_reset="latest", fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+                                **kafka_client_kwargs(settings))
         await pipe.start()
         say(f"streaming {trace.name} at {cfg.speed:g}x real time...")
         done = asyncio.Event()

@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from pulse.broker import probe_metadata
+from pulse.kafka_security import kafka_client_kwargs
 from pulse.settings import Settings
 
 DEFAULT_MAX_AGE_S = 30.0
@@ -84,13 +85,14 @@ def _broker_answers(bootstrap: str, timeout_s: float) -> str | None:
     return "broker unreachable (" + "; ".join(errors) + ")"
 
 
-async def group_lag(bootstrap: str, group: str, topics: list[str], *, timeout_s: float = 10.0) -> int:
+async def group_lag(bootstrap: str, group: str, topics: list[str], *, timeout_s: float = 10.0,
+                    client: dict[str, Any] | None = None) -> int:
     """Messages of ``topics`` the consumer group has not committed yet (end - committed, or
     end - beginning where it committed nothing), asked without joining the group."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False,
-                         request_timeout_ms=int(timeout_s * 1000))
+                         request_timeout_ms=int(timeout_s * 1000), **(client or {}))
     await asyncio.wait_for(c.start(), timeout_s)
     try:
         tps = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t) or ())]
@@ -134,13 +136,17 @@ def probe(settings: Settings, path: Path | None = None, *, max_age_s: float = DE
         if not rec.get("ready", False):
             problems.append("agents still rebuilding their state")
     bootstrap = settings.bootstrap()
-    unreachable = _broker_answers(bootstrap, BROKER_TIMEOUT_S)
+    # The bare Metadata probe speaks plaintext only; a TLS/SASL broker is asked by the
+    # secured consumer below (it fails the same way when the broker is gone).
+    plain = settings.kafka_security_protocol == "PLAINTEXT"
+    unreachable = _broker_answers(bootstrap, BROKER_TIMEOUT_S) if plain else None
     if unreachable:
         problems.append(unreachable)
     else:
         t = settings.topics
         try:
-            lag = asyncio.run(group_lag(bootstrap, settings.worker_id, [t.samples, t.hook_events]))
+            lag = asyncio.run(group_lag(bootstrap, settings.worker_id, [t.samples, t.hook_events],
+                                        client=kafka_client_kwargs(settings)))
         except Exception as exc:  # the broker answered Metadata but not the offset requests
             problems.append(f"cannot read the group's offsets: {exc or type(exc).__name__}")
         else:

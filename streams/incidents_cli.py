@@ -7,10 +7,12 @@ import asyncio
 import sys
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 import click
 
 from pulse.errors import DecodeError, ServiceError
+from pulse.kafka_security import kafka_client_kwargs
 from pulse.records import Incident, decode_incident
 from pulse.settings import Settings
 
@@ -36,12 +38,12 @@ def latest(incidents: list[Incident]) -> dict[str, Incident]:
 
 
 async def _read(bootstrap: str, topic: str, follow: bool, as_json: bool, open_only: bool,
-                idle_s: float) -> int:
+                idle_s: float, client: dict[str, Any]) -> int:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.errors import KafkaError
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                         auto_offset_reset="earliest", fetch_max_wait_ms=100)
+                         auto_offset_reset="earliest", fetch_max_wait_ms=100, **client)
     try:
         await asyncio.wait_for(c.start(), 15.0)
     except (TimeoutError, KafkaError, OSError) as exc:
@@ -108,6 +110,7 @@ def incidents(broker: str | None, prefix: str | None, follow: bool, open_only: b
     s: Settings = Settings.from_env().override(broker=broker or None, topic_prefix=prefix or None)
     bs = s.bootstrap()
     try:
-        asyncio.run(_read(bs, s.topics.incidents, follow, as_json, open_only, idle_s=1.0))
+        asyncio.run(_read(bs, s.topics.incidents, follow, as_json, open_only, idle_s=1.0,
+                          client=kafka_client_kwargs(s)))
     except KeyboardInterrupt:
         pass

@@ -19,6 +19,10 @@ is written). Retrying cannot help, so they are counted (``rejected_retention``, 
 whose clock is off, or a replay of old timestamps, shows in the worker's log instead of as
 empty dashboards.
 
+Transport: ``https://`` URLs are verified against ``ca_file`` (PULSE_INFLUX_CA_FILE; the
+system store when unset). A token is never sent over plain ``http://`` to a host that is not
+loopback unless ``allow_plain_token`` (PULSE_INFLUX_ALLOW_PLAIN_TOKEN) says so.
+
 Writes are idempotent: every point's timestamp is a pure function of the record (an
 operator's end, a verdict's first-seen time plus a digest of its identity), so writing
 the same record twice gives one point.
@@ -30,17 +34,20 @@ import asyncio
 import contextlib
 import logging
 import re
+import ssl
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from pathlib import Path
 from typing import Any
 
 import orjson
 
-from pulse.errors import ServiceError
+from pulse.errors import ConfigError, ServiceError
 from pulse.records import Incident, OpMetrics, Verdict
+from pulse.settings import Settings, is_loopback_url
 
 from .sink import QueuedSink
 
@@ -146,8 +153,19 @@ class InfluxSink(QueuedSink[str]):
     def __init__(self, url: str, *, org: str = "pulse", bucket: str = "pulse", token: str | None = None,
                  batch_lines: int = 2000, flush_interval_s: float = 0.5, max_queue: int = 200_000,
                  retries: int = 6, backoff_s: tuple[float, float] = (0.2, 5.0), timeout_s: float = 5.0,
-                 write_ops: bool = True) -> None:
+                 write_ops: bool = True, ca_file: str | Path | None = None,
+                 allow_plain_token: bool = False) -> None:
         super().__init__(max_queue)
+        if token and url.startswith("http://") and not allow_plain_token and not is_loopback_url(url):
+            raise ConfigError(f"PULSE_INFLUX_URL={url}: refusing to send the InfluxDB token over plain http to a "
+                              "non-loopback host (use https://, or set PULSE_INFLUX_ALLOW_PLAIN_TOKEN=1)")
+        self.ca_file = str(ca_file) if ca_file is not None else None
+        self._ssl: ssl.SSLContext | None = None
+        if url.startswith("https://"):
+            try:
+                self._ssl = ssl.create_default_context(cafile=self.ca_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"PULSE_INFLUX_CA_FILE={self.ca_file}: not a readable PEM CA bundle ({exc})") from None
         self.url = url.rstrip("/")
         self.org = org
         self.bucket = bucket
@@ -169,6 +187,14 @@ class InfluxSink(QueuedSink[str]):
         self.rejected_retention = 0
         self._retention_logged_at = -RETENTION_LOG_INTERVAL_S
 
+    @classmethod
+    def from_settings(cls, settings: Settings, **kwargs: Any) -> InfluxSink:
+        if not settings.influx_url:
+            raise ConfigError("PULSE_INFLUX_URL is not set")
+        return cls(settings.influx_url, org=settings.influx_org, bucket=settings.influx_bucket,
+                   token=settings.influx_token, ca_file=settings.influx_ca_file,
+                   allow_plain_token=settings.influx_allow_plain_token, **kwargs)
+
     # lifecycle ---------------------------------------------------------------------------
 
     async def setup(self) -> InfluxSink:
@@ -181,9 +207,13 @@ class InfluxSink(QueuedSink[str]):
     def _detect(self) -> None:
         try:
             req = urllib.request.Request(self.url + "/ping", method="GET")
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
                 self.version = resp.headers.get("X-Influxdb-Version") or ""
         except (OSError, urllib.error.URLError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, ssl.SSLCertVerificationError):
+                raise ConfigError(f"PULSE_INFLUX_CA_FILE={self.ca_file}: does not verify InfluxDB's certificate at "
+                                  f"{self.url} ({reason.verify_message})") from None
             raise ServiceError(f"InfluxDB at {self.url} does not answer /ping: {exc}") from None
         self.v1 = self.version.startswith("1.")
         if self.v1:
@@ -194,7 +224,8 @@ class InfluxSink(QueuedSink[str]):
             from influxdb_client.client.write_api import SYNCHRONOUS
 
             self._client = InfluxDBClient(url=self.url, token=self.token or "", org=self.org,
-                                          timeout=int(self.timeout_s * 1000))
+                                          timeout=int(self.timeout_s * 1000), verify_ssl=True,
+                                          ssl_ca_cert=self.ca_file)
             self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
 
     def _http(self, method: str, path: str, body: bytes) -> None:
@@ -203,7 +234,7 @@ class InfluxSink(QueuedSink[str]):
             headers["Authorization"] = f"Token {self.token}"
         req = urllib.request.Request(self.url + path, data=body, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
+            with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
                 resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from .state import Message
 
@@ -12,6 +13,7 @@ log = logging.getLogger("pulse.streams")
 
 
 async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None = None,
+                    client: dict[str, Any] | None = None,
                     timeout_s: float = 60.0, idle_s: float = 0.5, stuck_s: float = 5.0) -> list[Message]:
     """Messages of ``topic`` from the start up to ``upto`` (partition -> offset, exclusive;
     default: the current end), with no consumer group and nothing committed.
@@ -26,7 +28,7 @@ async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None =
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None,
-                         auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20)
+                         auto_offset_reset="earliest", max_partition_fetch_bytes=8 << 20, **(client or {}))
     await c.start()
     out: list[Message] = []
     try:
@@ -74,14 +76,15 @@ async def read_back(bootstrap: str, topic: str, *, upto: dict[int, int] | None =
     return out
 
 
-async def committed_offsets(bootstrap: str, group: str, topics: list[str]) -> dict[tuple[str, int], int]:
+async def committed_offsets(bootstrap: str, group: str, topics: list[str], *,
+                            client: dict[str, Any] | None = None) -> dict[tuple[str, int], int]:
     """(topic, partition) -> committed offset of a consumer group (empty for a new group).
 
     Asked through a consumer that never joins the group (the admin client's "all
     partitions" OffsetFetch is not understood by Tansu)."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    c = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, **(client or {}))
     await c.start()
     out: dict[tuple[str, int], int] = {}
     try:

@@ -25,6 +25,8 @@ from pulse.engine import Judged, Localizers, SegmentOutput, SegmentStage
 
 from pulse import events as _events
 from pulse import samples as _samples
+from pulse._schema import loads
+from pulse.bounds import InputBounds
 from pulse.errors import DecodeError, PulseError
 from pulse.records import (
     DataEnd,
@@ -141,8 +143,9 @@ def _pack(metrics: list[OpMetrics], forwards: dict[tuple[str, str], list[Any]]) 
 class SegmentState:
     """The segment agent's state on one worker: decoding around a :class:`SegmentStage`."""
 
-    def __init__(self, topics: Topics, params: Any = None) -> None:
+    def __init__(self, topics: Topics, params: Any = None, bounds: InputBounds | None = None) -> None:
         self.stage = SegmentStage(params)
+        self.bounds = bounds if bounds is not None else InputBounds()
         self.params = self.stage.params
         self.topics = topics
         self.dead = 0
@@ -160,9 +163,14 @@ class SegmentState:
             where = f"{m.topic}[{m.partition}]@{m.offset}"
             try:
                 if m.topic == self.topics.samples:
-                    batches.append(_samples.decode(m.value or b"", where=where))
-                elif m.topic == self.topics.hook_events:
-                    events += _events.decode_many(m.value or b"", where=where)  # single or packed
+                    b = self.bounds.admit_batch(_samples.decode(m.value or b"", where=where,
+                                                                max_bytes=self.bounds.max_bytes))
+                    if b is not None:
+                        batches.append(b)
+                elif m.topic == self.topics.hook_events:  # single or packed
+                    events += self.bounds.admit_events(_events.decode_many(m.value or b"", where=where,
+                                                                           max_bytes=self.bounds.max_bytes,
+                                                                           max_events=self.bounds.max_events))
                 else:
                     raise DecodeError(f"message from unexpected topic {m.topic!r}")
             except PulseError as exc:
@@ -184,7 +192,7 @@ class SegmentState:
 
     @property
     def stats(self) -> dict[str, Any]:
-        return {**self.stage.stats, "dead_letters": self.dead}
+        return {**self.stage.stats, "dead_letters": self.dead, **self.bounds.stats}
 
 
 class LocalizeState:
@@ -209,7 +217,7 @@ class LocalizeState:
         for m in messages:
             where = f"{m.topic}[{m.partition}]@{m.offset}"
             try:
-                data = orjson.loads(m.value or b"")
+                data = loads(m.value or b"", where)
                 if not isinstance(data, dict):
                     raise DecodeError(f"{where}: expected a JSON object")
                 kind = data.get("type")

@@ -78,6 +78,7 @@ if _active():
     _tls = _State()
     _lock = threading.Lock()
     _out = {"fd": -1, "pid": -1, "failures": 0, "disabled": False}
+    _refusals: dict[str, int] = {}  # why recording switched itself off -> how often
     _fds: dict[str, int] = {}  # record stream -> fd (ops/comms: "torch", completions: "oplevel")
     # Weak: a group the job destroyed must not live on to the interpreter's exit, where
     # torch's Gloo teardown sometimes aborts ("terminate called without an active exception").
@@ -110,13 +111,40 @@ if _active():
 
     os.register_at_fork(after_in_child=_forked)
 
+    def _refuse(reason: str) -> OSError:
+        _out["disabled"] = True
+        _refusals[reason] = _refusals.get(reason, 0) + 1
+        return OSError(reason)
+
+    def _create(name: str) -> int:
+        """A new file of ours, mode 0600, in $PULSE_HOOK_DIR, the plugin's rules: the directory
+        is not a symlink, is ours or root's and not writable by others unless sticky and ours;
+        the file must not exist (O_EXCL) and is never reached through a symlink. A refusal
+        switches recording off (reason in _out["refused"]); the job carries on."""
+        try:
+            dfd = os.open(os.environ["PULSE_HOOK_DIR"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise _refuse("record directory missing or not a directory") from None
+        try:
+            st, me = os.fstat(dfd), os.geteuid()
+            if st.st_uid not in (me, 0):
+                raise _refuse("record directory owned by another user")
+            if st.st_mode & 0o022 and not (st.st_mode & 0o1000 and st.st_uid == me):
+                raise _refuse("record directory writable by others")
+            try:
+                return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_APPEND | os.O_CLOEXEC,
+                               0o600, dir_fd=dfd)
+            except FileExistsError:
+                raise _refuse("record file already exists (not followed)") from None
+        finally:
+            os.close(dfd)
+
     def _write(event: dict, stream: str = "torch") -> None:
         line = (_encode(event) + "\n").encode()
         fd = _fds.get(stream, -1)
         if fd < 0:
             pid = os.getpid()
-            path = os.path.join(os.environ["PULSE_HOOK_DIR"], f"{stream}-{_node}-{pid}.jsonl")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = _create(f"{stream}-{_node}-{pid}.jsonl")
             _fds[stream] = fd
             if stream == "torch":
                 _out["fd"], _out["pid"] = fd, pid

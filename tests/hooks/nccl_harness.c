@@ -1,7 +1,8 @@
 /* Drives a profiler plugin the way NCCL does: dlopen, dlsym("ncclProfiler_vN"), init per
  * communicator, then start/record/stop events with descriptors laid out like NCCL's v4/v5/v6
  * (defined here independently of the plugin's own header, from the reference notes), then
- * finalize. Exit status: 0 when every call returned 0 (ncclSuccess), 2 on a non-zero return,
+ * finalize; prints the plugin's refusal (pulse_nccl_refusal, when exported) after the first
+ * init as `refusal=<reason>|none count=N`. Exit status: 0 when every call returned 0 (ncclSuccess), 2 on a non-zero return,
  * 3 when the library or symbol is missing.
  *
  * usage: nccl_harness LIB VERSION [FLOOD_COLLS [THREADS]]
@@ -20,6 +21,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -103,6 +105,17 @@ enum { STEP_SEND_WAIT = 9, STEP_RECV_WAIT = 10, NET_UPDATE = 21, PROXY_OP_IN_PRO
 
 static int version;
 static int failures;
+
+/* Stands in for NCCL's logger: what the plugin logs goes to stdout as `nccl-log: ...`. */
+static void harness_log(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags; (void)file; (void)line;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  printf("nccl-log: level=%d %s\n", level, msg);
+}
 static prof_v4_t* P4;
 static prof_v5_t* P5;
 
@@ -260,13 +273,19 @@ int main(int argc, char** argv) {
   void *ctx1 = NULL, *ctx2 = NULL;
   int mask1 = -1, mask2 = -1;
   if (version == 4) {
-    CHECK(P4->init(&ctx1, &mask1, "world", 0x5ae77eb5ea4ec1eeull, 2, 4, 1, NULL));
+    CHECK(P4->init(&ctx1, &mask1, "world", 0x5ae77eb5ea4ec1eeull, 2, 4, 1, harness_log));
     CHECK(P4->init(&ctx2, &mask2, "pair", 0x42ull, 1, 2, 0, NULL));
   } else {
-    CHECK(P5->init(&ctx1, 0x5ae77eb5ea4ec1eeull, &mask1, "world", 2, 4, 1, NULL));
+    CHECK(P5->init(&ctx1, 0x5ae77eb5ea4ec1eeull, &mask1, "world", 2, 4, 1, harness_log));
     CHECK(P5->init(&ctx2, 0x42ull, &mask2, "pair", 1, 2, 0, NULL));
   }
   printf("name=%s mask=%d ctx=%d\n", P5->name, mask1, ctx1 != NULL);
+  const char* (*refusal)(uint64_t*) = (const char* (*)(uint64_t*))dlsym(lib, "pulse_nccl_refusal");
+  if (refusal) {
+    uint64_t n = 0;
+    const char* why = refusal(&n);
+    printf("refusal=%s count=%llu\n", why ? why : "none", (unsigned long long)n);
+  }
   if (mask1 & COLL) run_comm(ctx1, 1, flood);
   if (mask2 & COLL) {
     void* g = group_start(ctx2, 0);

@@ -346,3 +346,154 @@ def test_sanitizers_find_nothing(tmp_path: Path) -> None:
         res = run_harness(drv, lib, version, {**env, **extra}, flood=flood, threads=threads)
         assert res.returncode == 0, res.stderr[-3000:]
         assert "runtime error" not in res.stderr and "AddressSanitizer" not in res.stderr, res.stderr[-3000:]
+
+
+# ------------------------------------------------------------------ file and socket safety
+
+def run_with_planted(harness: Path, lib: Path, plant: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the harness under a shell that first plants ``plant`` (a command where ``$$`` is the
+    pid the harness will have: exec keeps it), as an attacker who guesses the pid would."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+    full.update(env)
+    return subprocess.run(["bash", "-c", f'{plant} && exec "$0" "$1" 5 0 0', str(harness), str(lib)], env=full,
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("planted", ["symlink", "file"])
+def test_planted_record_path_is_not_followed(plugin_lib: Path, harness: Path, tmp_path: Path, planted: str) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # like /tmp: sticky, ours (the test's user), writable by all
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious\n")
+    target = f'{shared}/pulse-nccl-nodeA-$$.rec'
+    plant = f'ln -s {victim} "{target}"' if planted == "symlink" else f'echo planted > "{target}"'
+    res = run_with_planted(harness, plugin_lib, plant, {"PULSE_HOOK_DIR": str(shared), "PULSE_NODE": "nodeA"})
+    assert res.returncode == 0, res.stderr  # the job is unharmed
+    assert "mask=0" in res.stdout and "failures=0" in res.stdout
+    assert "refusal=record file already exists (not followed) count=1" in res.stdout
+    # and said so once through NCCL's logger, at WARN level
+    assert res.stdout.count("nccl-log: level=2 Pulse profiler disabled: record file already exists") == 1
+    assert victim.read_bytes() == b"precious\n"
+    (rec,) = shared.iterdir()
+    assert rec.is_symlink() if planted == "symlink" else rec.read_text() == "planted\n"
+
+
+def test_unsafe_directories_are_refused(plugin_lib: Path, harness: Path, tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)  # writable by all, not sticky: anyone may swap our file
+    res = run_harness(harness, plugin_lib, 6, {"PULSE_HOOK_DIR": str(open_dir)})
+    assert res.returncode == 0 and "mask=0" in res.stdout
+    assert "refusal=record directory writable by others count=1" in res.stdout
+    link = tmp_path / "link"
+    good = tmp_path / "good"
+    good.mkdir()
+    link.symlink_to(good)  # the directory itself must not be a symlink either
+    res = run_harness(harness, plugin_lib, 6, {"PULSE_HOOK_DIR": str(link)})
+    assert "mask=0" in res.stdout and "refusal=record directory missing" in res.stdout
+    assert list(open_dir.iterdir()) == [] and list(good.iterdir()) == []
+    if os.geteuid() == 0:  # a directory of another user (nobody), even one that is private
+        theirs = tmp_path / "theirs"
+        theirs.mkdir(mode=0o700)
+        os.chown(theirs, 65534, 65534)
+        res = run_harness(harness, plugin_lib, 4, {"PULSE_HOOK_DIR": str(theirs)})
+        assert "mask=0" in res.stdout and "refusal=record directory owned by another user count=1" in res.stdout
+        sticky_theirs = tmp_path / "sticky-theirs"
+        sticky_theirs.mkdir()
+        sticky_theirs.chmod(0o1777)
+        os.chown(sticky_theirs, 65534, 65534)
+        res = run_harness(harness, plugin_lib, 4, {"PULSE_HOOK_DIR": str(sticky_theirs)})
+        assert "mask=0" in res.stdout and "refusal=record directory owned by another user" in res.stdout
+
+
+def test_default_directory_is_private(plugin_lib: Path, harness: Path, tmp_path: Path) -> None:
+    runtime = tmp_path / "run-user"
+    runtime.mkdir(mode=0o700)
+    res = run_harness(harness, plugin_lib, 5, {"XDG_RUNTIME_DIR": str(runtime), "PULSE_NODE": "nodeA"})
+    assert res.returncode == 0 and "mask=159" in res.stdout and "refusal=none" in res.stdout
+    d = runtime / "pulse"
+    assert d.stat().st_mode & 0o777 == 0o700
+    (rec,) = d.glob("pulse-nccl-nodeA-*.rec")
+    assert rec.stat().st_mode & 0o777 == 0o600  # communicator and traffic shapes are nobody else's
+    events, _ = read_plugin_file(rec)
+    assert normalise(events) == expected_events()  # the writer restarted for comm 0x77 appended
+
+
+def test_socket_in_unsafe_directory_is_refused(plugin_lib: Path, harness: Path, tmp_path: Path) -> None:
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    res = run_harness(harness, plugin_lib, 5, {"PULSE_HOOK_SOCKET": str(open_dir / "agent.sock")})
+    assert res.returncode == 0 and "mask=0" in res.stdout
+    assert "refusal=socket directory unsafe count=1" in res.stdout
+
+
+def test_socket_is_private_and_keeps_only_allowed_senders(tmp_path: Path) -> None:
+    from pulse.hooks.plugin_reader import SenderPolicy
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to send as another uid (setuid to nobody)")
+    import socket
+    import tempfile
+
+    # Under /tmp (tmp_path's parents are 0700): a private directory nobody may traverse.
+    d = Path(tempfile.mkdtemp(prefix="pulse-agent-", dir="/tmp"))
+    try:
+        d.chmod(0o711)
+        sock = d / "agent.sock"
+        dec = PluginDecoder()
+        gen = receive_plugin_socket(sock, timeout=0.3, decoder=dec, senders=SenderPolicy(uids=(0,)))
+        assert sock.stat().st_mode & 0o777 == 0o660
+        os.chown(sock, 0, 65534)  # the job's group may connect: the kernel still tells who sent
+        forged = hello(b"nodeA", 4242) + init_rec(1, 0xBAD, 0, 2) + coll_rec(1, 0, 7, 1 << 30, 1)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child: a local user who found the socket
+            try:
+                os.setgid(65534)
+                os.setuid(65534)
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+                s.sendto(forged, str(sock))
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0  # it did get through to the socket
+        real = hello(b"nodeA", os.getpid()) + init_rec(1, 0x600D, 1, 2)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendto(real, str(sock))
+        events = list(gen)
+        assert [e.comm_id for e in events] == ["0x600d"]  # the forged communicator never appears
+        assert dec.stats["rejected_senders"] == 1
+    finally:
+        for p in d.iterdir():
+            p.unlink()
+        d.rmdir()
+
+
+def test_sender_policy_and_socket_directory_rules(tmp_path: Path) -> None:
+    from pulse.hooks.plugin_reader import SenderPolicy
+
+    from pulse.errors import ConfigError
+    from pulse.settings import Settings
+
+    cg = tmp_path / "job.slice"
+    cg.mkdir()
+    (cg / "cgroup.procs").write_text(f"{os.getpid()}\n999999999\n")  # one live process, one gone
+    policy = SenderPolicy(uids=(), job_cgroup=cg)
+    assert policy.allows(os.geteuid()) and not policy.allows(65534)
+    default = SenderPolicy.from_settings(Settings())
+    assert default.allows(os.geteuid()) and not default.allows(65534)
+    assert SenderPolicy.from_settings(Settings(hook_allowed_uids=(65534,))).allows(65534)
+    fresh = tmp_path / "made" / "agent.sock"  # a missing directory is created private
+    list(receive_plugin_socket(fresh, timeout=0.01))
+    assert (tmp_path / "made").stat().st_mode & 0o777 == 0o700
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(ConfigError, match=r"hook socket directory .*writable by other users"):
+        receive_plugin_socket(open_dir / "agent.sock", timeout=0.01)
+    link = tmp_path / "link.sock"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ConfigError, match="exists and is not a socket"):
+        receive_plugin_socket(link, timeout=0.01)

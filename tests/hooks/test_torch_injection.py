@@ -256,3 +256,39 @@ def test_destroyed_groups_are_not_kept_alive(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "alive 0 True"
     assert any(tmp_path.glob("torch-*.jsonl"))  # it did record the two groups' operators
+
+
+PLANTED = r"""
+import os, sys, torch, torch.distributed as dist
+d = os.environ["PULSE_HOOK_DIR"]
+os.symlink(sys.argv[1], os.path.join(d, f"torch-nodeA-{os.getpid()}.jsonl"))  # the attacker's guess
+dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+t = torch.ones(4)
+dist.all_reduce(t)
+dist.broadcast(t, src=0)
+print("ok", t.tolist(), sys.modules["sitecustomize"]._refusals)
+dist.destroy_process_group()
+"""
+
+
+def test_planted_symlink_is_not_followed(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)  # sticky and ours, like /tmp for a root job: allowed, but never followed
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    res = subprocess.run([sys.executable, "-c", PLANTED, str(victim)],
+                         env=clean_env(PYTHONPATH=str(torch_injection_dir()), PULSE_HOOK_DIR=str(shared),
+                                       PULSE_NODE="nodeA"),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "ok [1.0, 1.0, 1.0, 1.0] {'record file already exists (not followed)': 1}"
+    assert victim.read_text() == "precious\n"
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    res = subprocess.run([sys.executable, "-c", SINGLE],
+                         env=clean_env(PYTHONPATH=str(torch_injection_dir()), PULSE_HOOK_DIR=str(open_dir)),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert list(open_dir.iterdir()) == []  # refused: writable by others and not sticky

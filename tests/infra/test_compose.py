@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import click
 import pytest
@@ -78,13 +79,17 @@ def test_kafka_is_kraft_single_node_with_a_healthcheck_on_its_own_listener(compo
     m = re.search(r"--bootstrap-server localhost:(\d+)", test)
     assert m, test
     assert m.group(1) in listeners.values(), "the healthcheck must hit a listener of the container"
-    # The bootstrap address every client in the compose network uses is the advertised one.
+    # The bootstrap address every client in the compose network uses is the advertised one:
+    # Pulse's own clients that of the SASL_SSL listener, the topic job the internal one.
     advertised = dict(p.split("://") for p in env["KAFKA_ADVERTISED_LISTENERS"].split(","))
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
     internal = env["KAFKA_INTER_BROKER_LISTENER_NAME"]
+    (secure,) = [n for n, proto in protocols.items() if proto == "SASL_SSL"]
     for name, svc in compose["services"].items():
         broker = service_env(svc).get("PULSE_BROKER")
         if broker is not None:
-            assert broker == advertised[internal], f"{name}: PULSE_BROKER={broker}"
+            want = advertised[secure] if uses_pulse_image(svc) else advertised[internal]
+            assert broker == want, f"{name}: PULSE_BROKER={broker}"
 
 
 def test_healthchecks_and_dependencies(compose: dict) -> None:
@@ -206,12 +211,24 @@ def test_pulse_env_names_are_settings_names() -> None:
     assert {"PULSE_BROKER", "PULSE_INFLUX_URL", "PULSE_INFLUX_TOKEN", "PULSE_PARTITIONS"} <= seen
 
 
-def test_worker_environment_builds_valid_settings(compose: dict) -> None:
+def _with_secret_files(env: dict[str, str], tmp: Path) -> dict[str, str]:
+    """The service's environment with /run/secrets/<name> files made in ``tmp``."""
+    out = dict(env)
+    for k, v in env.items():
+        if v.startswith("/run/secrets/"):
+            f = tmp / v.rsplit("/", 1)[1]
+            f.write_text("compose-test-secret")
+            out[k] = str(f)
+    return out
+
+
+def test_worker_environment_builds_valid_settings(compose: dict, tmp_path: Path) -> None:
     for name, svc in compose["services"].items():
         if uses_pulse_image(svc):
-            env = service_env(svc)
+            env = _with_secret_files(service_env(svc), tmp_path)
             s = Settings.from_env(env)
-            assert s.broker == "kafka:9092", name
+            assert s.broker == "kafka:9094", name
+            assert (s.kafka_security_protocol, s.kafka_sasl_password) == ("SASL_SSL", "compose-test-secret"), name
             assert s.influx_url == "http://influxdb:8086", name
             assert s.influx_token == SECRETS["PULSE_INFLUX_TOKEN"], name
             influx = service_env(compose["services"]["influxdb"])
@@ -238,12 +255,12 @@ def test_secrets_come_from_the_env_file_only() -> None:
         load_compose(env)
 
 
-def test_workers_form_one_consumer_group(compose: dict) -> None:
+def test_workers_form_one_consumer_group(compose: dict, tmp_path: Path) -> None:
     # PULSE_WORKER_ID is the Faust app id, i.e. the consumer group: workers must share it so
     # that they split the partitions instead of each processing everything.
     workers = [s for s in compose["services"].values() if s.get("command", [None, None])[:2] == ["pulse", "worker"]]
     assert len(workers) >= 2
-    ids = {Settings.from_env(service_env(s)).worker_id for s in workers}
+    ids = {Settings.from_env(_with_secret_files(service_env(s), tmp_path)).worker_id for s in workers}
     assert len(ids) == 1
 
 
@@ -299,3 +316,29 @@ def test_dockerfile_builds_the_pulse_image() -> None:
     for svc in raw["services"].values():
         if uses_pulse_image(svc):
             assert (COMPOSE.parent / svc["build"]["context"]).resolve() == REPO
+
+
+def test_pulse_clients_use_the_sasl_ssl_listener_with_file_secrets(compose: dict) -> None:
+    """The broker's SASL_SSL listener and Pulse's clients agree: same user, same password file
+    (the broker reads it through DirectoryConfigProvider), the CA and keystore as secrets."""
+    kafka = compose["services"]["kafka"]
+    kenv = service_env(kafka)
+    declared = compose["secrets"]
+    assert {"kafka_keystore", "kafka_pulse_password"} <= set(kafka["secrets"]) <= set(declared)
+    assert kenv["KAFKA_SSL_KEYSTORE_TYPE"] == "PEM"
+    assert kenv["KAFKA_SSL_KEYSTORE_LOCATION"] == "/run/secrets/kafka_keystore"
+    assert kenv["KAFKA_CONFIG_PROVIDERS_DIR_CLASS"].endswith(".DirectoryConfigProvider")
+    jaas = kenv["KAFKA_LISTENER_NAME_PULSE_PLAIN_SASL_JAAS_CONFIG"]
+    assert "PlainLoginModule required" in jaas and jaas.rstrip().endswith(";")
+    for name, svc in compose["services"].items():
+        if not uses_pulse_image(svc):
+            continue
+        env = service_env(svc)
+        assert env["PULSE_KAFKA_SECURITY_PROTOCOL"] == "SASL_SSL", name
+        assert env["PULSE_KAFKA_SASL_MECHANISM"] in kenv["KAFKA_SASL_ENABLED_MECHANISMS"].split(","), name
+        user, password_file = env["PULSE_KAFKA_SASL_USERNAME"], env["PULSE_KAFKA_SASL_PASSWORD_FILE"]
+        secret = password_file.removeprefix("/run/secrets/")
+        assert f'user_{user}="${{dir:/run/secrets:{secret}}}"' in jaas, (name, jaas)
+        assert secret in svc["secrets"] and secret in kafka["secrets"], name
+        assert env["PULSE_KAFKA_SSL_CAFILE"].removeprefix("/run/secrets/") in svc["secrets"], name
+        assert not any("PASSWORD" in k and not k.endswith("_FILE") for k in env), name

@@ -29,8 +29,24 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "PULSE_EPOCH_NS": "4_000", "PULSE_INFLUX_URL": "http://127.0.0.1:8086", "PULSE_INFLUX_ORG": "o",
         "PULSE_INFLUX_BUCKET": "b", "PULSE_INFLUX_TOKEN": SECRET, "PULSE_SPOOL_DIR": str(tmp_path / "spool"),
         "PULSE_SPOOL_MAX_BYTES": "1024", "PULSE_WORKER_ID": "w7", "PULSE_DATA_DIR": str(tmp_path / "data"),
+        "PULSE_KAFKA_SECURITY_PROTOCOL": "sasl_ssl", "PULSE_KAFKA_SSL_CAFILE": "/ca.pem",
+        "PULSE_KAFKA_SSL_CERTFILE": "/c.pem", "PULSE_KAFKA_SSL_KEYFILE": "/c.key", "PULSE_KAFKA_SASL_MECHANISM": "plain",
+        "PULSE_KAFKA_SASL_USERNAME": "u", "PULSE_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "pw"),
+        "PULSE_INFLUX_CA_FILE": "/influx-ca.pem", "PULSE_INFLUX_ALLOW_PLAIN_TOKEN": "1",
+        "PULSE_HOOK_ALLOWED_UIDS": "0, 1000", "PULSE_JOB_CGROUP": "/sys/fs/cgroup/job",
+        "PULSE_MAX_MESSAGE_BYTES": "1_000_000", "PULSE_MAX_EVENTS_PER_BATCH": "100", "PULSE_MAX_FLOWS_PER_NODE": "200",
+        "PULSE_MAX_COMMS_PER_JOB": "300", "PULSE_MAX_NODES_PER_WORKER": "400",
     }
+    (tmp_path / "pw").write_text("pw-secret\n")
     s = Settings.from_env(env)
+    assert (s.kafka_security_protocol, s.kafka_ssl_cafile, s.kafka_ssl_certfile, s.kafka_ssl_keyfile) == (
+        "SASL_SSL", Path("/ca.pem"), Path("/c.pem"), Path("/c.key"))
+    assert (s.kafka_sasl_mechanism, s.kafka_sasl_username, s.kafka_sasl_password) == ("PLAIN", "u", "pw-secret")
+    assert (s.influx_ca_file, s.influx_allow_plain_token) == (Path("/influx-ca.pem"), True)
+    assert (s.hook_allowed_uids, s.job_cgroup) == ((0, 1000), Path("/sys/fs/cgroup/job"))
+    assert (s.max_message_bytes, s.max_events_per_batch, s.max_flows_per_node, s.max_comms_per_job) == (
+        1_000_000, 100, 200, 300)
+    assert "pw-secret" not in repr(s) and "pw-secret" not in str(s.redacted())
     assert (s.broker, s.topic_prefix, s.partitions, s.epoch_ns) == ("k1:9092,k2:9093", "lab", 16, 4000)
     assert (s.influx_url, s.influx_org, s.influx_bucket, s.influx_token) == (
         "http://127.0.0.1:8086", "o", "b", SECRET)
@@ -43,7 +59,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
 
 def test_env_vars_match_the_source() -> None:
     source = Path(settings_mod.__file__).read_text()
-    read = {f"PULSE_{name}" for name in re.findall(r'(?:get|integer)\("([A-Z_]+)"', source)}
+    read = {f"PULSE_{name}" for name in re.findall(r'(?:get|integer|path|flag|uids)\("([A-Z_]+)"', source)}
     assert read == set(ENV_VARS)
 
 

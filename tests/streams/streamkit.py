@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
+from pulse.kafka_security import kafka_client_kwargs
 from pulse.settings import Settings
 
 SIM_SIZE = {"nodes": 4, "gpus_per_node": 2, "nics_per_node": 2, "steps": 8}
@@ -61,7 +62,8 @@ class Worker:
         env.update(self.env)
         self.proc = start_worker(self.settings, self.settings.broker or "", self.log, env=env)
         asyncio.run(wait_worker_ready(self.settings.broker or "", self.settings.topics.pipeline, proc=self.proc,
-                                      log_path=self.log, worker=self.settings.worker_id))
+                                      log_path=self.log, worker=self.settings.worker_id,
+                                      client=kafka_client_kwargs(self.settings)))
         return self
 
     def kill(self) -> None:
@@ -90,16 +92,18 @@ def running_worker(settings: Settings, tmp: Path, env: dict[str, str] | None = N
         w.stop()
 
 
-async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 5.0) -> list[tuple[bytes | None, bytes]]:
+async def read_topic(bootstrap: str, topic: str, *, timeout_s: float = 5.0,
+                     client: dict[str, Any] | None = None) -> list[tuple[bytes | None, bytes]]:
     """Every message of ``topic`` as (key, value), read by a plain aiokafka consumer without a
     group (``pulse.streams.app.read_back``: it also copes with Tansu's short end offsets)."""
     from pulse.streams.readback import read_back
 
-    return [(m.key, m.value) for m in await read_back(bootstrap, topic, timeout_s=timeout_s)]
+    return [(m.key, m.value) for m in await read_back(bootstrap, topic, timeout_s=timeout_s, client=client)]
 
 
 def latest_pipeline(bootstrap: str, settings: Settings) -> dict[str, Any]:
-    recs = [orjson.loads(v) for _, v in asyncio.run(read_topic(bootstrap, settings.topics.pipeline))]
+    recs = [orjson.loads(v) for _, v in asyncio.run(read_topic(bootstrap, settings.topics.pipeline,
+                                                                 client=kafka_client_kwargs(settings)))]
     recs = [r for r in recs if r.get("worker") == settings.worker_id]
     return recs[-1] if recs else {}
 
@@ -127,7 +131,8 @@ def wait_caught_up(settings: Settings, batches: int, *, timeout_s: float = 180.0
 
 
 def verdicts_on_topic(settings: Settings) -> list[dict[str, Any]]:
-    return [orjson.loads(v) for _, v in asyncio.run(read_topic(settings.broker or "", settings.topics.verdicts))]
+    return [orjson.loads(v) for _, v in asyncio.run(read_topic(settings.broker or "", settings.topics.verdicts,
+                                                                client=kafka_client_kwargs(settings)))]
 
 
 def publish(settings: Settings, trace: Path, items: list[Any] | None = None, speed: float = 1.0) -> dict[str, int]:

@@ -9,9 +9,11 @@ import time
 import urllib.parse
 import urllib.request
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pulse.streams.influx import InfluxSink, line, op_line
+from services import find_binary
 
 from pulse.records import OpMetrics, Verdict
 
@@ -118,3 +120,59 @@ def test_unreachable_influx_retries_then_counts_drops():
 
     asyncio.run(go())
     assert sink.dropped == 1 and sink.retried == 1 and sink.failed_batches == 1
+
+
+def test_https_with_a_ca_file_and_a_token_from_a_file(influxdb1, victoria, tmp_path):
+    """InfluxDB 1.x and the v2 write API (VictoriaMetrics) behind a real TLS terminator
+    (stunnel4), certificates made here; the token comes from a file."""
+    import dataclasses
+
+    from tlskit import make_pki, stunnel
+
+    from pulse.broker import free_port
+    from pulse.errors import ConfigError
+    from pulse.settings import Settings
+
+    if find_binary("stunnel4") is None and find_binary("stunnel") is None:
+        pytest.skip("MISSING SERVICE: stunnel4 (apt-get install stunnel4)")
+    pki = make_pki(tmp_path / "pki")
+    token_file = tmp_path / "token"
+    token_file.write_text("tok-123\n")
+    for plain in (influxdb1, victoria):
+        port = free_port()
+        upstream = int(plain.rsplit(":", 1)[1])
+        with stunnel(tmp_path, port, upstream, pki.path("server.pem"), pki.path("server.key")):
+            env = {"PULSE_INFLUX_URL": f"https://127.0.0.1:{port}", "PULSE_INFLUX_CA_FILE": str(pki.path("ca.pem")),
+                   "PULSE_INFLUX_TOKEN_FILE": str(token_file)}
+            s = Settings.from_env(env)
+            assert s.influx_token == "tok-123"
+            job = f"tls-{port}"
+
+            async def go(settings: Settings, job: str = job) -> InfluxSink:
+                sink = await InfluxSink.from_settings(settings, flush_interval_s=0.05).setup()
+                sink.add_verdicts([_verdict(job=job)])
+                await sink.close()
+                return sink
+
+            sink = asyncio.run(go(s))
+            assert sink.written == 1 and sink.dropped == 0, sink.stats
+            wrong = dataclasses.replace(s, influx_ca_file=pki.path("other-ca.pem"))
+            with pytest.raises(ConfigError, match=r"^PULSE_INFLUX_CA_FILE=.*other-ca.pem: does not verify"):
+                asyncio.run(go(wrong))
+        if plain == influxdb1:
+            assert _query1(influxdb1, f"SELECT nodes FROM pulse_verdict WHERE job='{job}'")
+
+
+def test_token_never_goes_over_plain_http_to_another_host(tmp_path):
+    from pulse.errors import ConfigError
+    from pulse.settings import Settings
+
+    with pytest.raises(ConfigError, match=r"PULSE_INFLUX_URL=http://influx\.example:8086: refusing to send"):
+        Settings.from_env({"PULSE_INFLUX_URL": "http://influx.example:8086", "PULSE_INFLUX_TOKEN": "t"})
+    with pytest.raises(ConfigError, match="refusing to send the InfluxDB token over plain http"):
+        InfluxSink("http://10.1.2.3:8086", token="t")
+    ok = Settings.from_env({"PULSE_INFLUX_URL": "http://10.1.2.3:8086", "PULSE_INFLUX_TOKEN": "t",
+                            "PULSE_INFLUX_ALLOW_PLAIN_TOKEN": "1"})
+    assert InfluxSink.from_settings(ok).token == "t"
+    InfluxSink("http://127.0.0.1:8086", token="t")  # loopback: the token stays on this host
+    InfluxSink("http://10.1.2.3:8086")  # no token, nothing to leak
