@@ -36,6 +36,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "PULSE_HOOK_ALLOWED_UIDS": "0, 1000", "PULSE_JOB_CGROUP": "/sys/fs/cgroup/job",
         "PULSE_MAX_MESSAGE_BYTES": "1_000_000", "PULSE_MAX_EVENTS_PER_BATCH": "100", "PULSE_MAX_FLOWS_PER_NODE": "200",
         "PULSE_MAX_COMMS_PER_JOB": "300", "PULSE_MAX_NODES_PER_WORKER": "400",
+        "PULSE_ALERT_URL": "http://127.0.0.1:9093/api/v2/alerts", "PULSE_ALERT_REPORT_URL": "http://g/d?job={job}",
     }
     (tmp_path / "pw").write_text("pw-secret\n")
     s = Settings.from_env(env)
@@ -43,6 +44,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "SASL_SSL", Path("/ca.pem"), Path("/c.pem"), Path("/c.key"))
     assert (s.kafka_sasl_mechanism, s.kafka_sasl_username, s.kafka_sasl_password) == ("PLAIN", "u", "pw-secret")
     assert (s.influx_ca_file, s.influx_allow_plain_token) == (Path("/influx-ca.pem"), True)
+    assert (s.alert_url, s.alert_report_url) == ("http://127.0.0.1:9093/api/v2/alerts", "http://g/d?job={job}")
     assert (s.hook_allowed_uids, s.job_cgroup) == ((0, 1000), Path("/sys/fs/cgroup/job"))
     assert (s.max_message_bytes, s.max_events_per_batch, s.max_flows_per_node, s.max_comms_per_job) == (
         1_000_000, 100, 200, 300)
@@ -152,3 +154,8 @@ def test_bootstrap_needs_a_broker_from_settings_or_the_caller() -> None:
     assert Settings(broker="a:1").bootstrap() == "a:1"
     assert Settings(broker="a:1").bootstrap("b:2") == "b:2"
     assert Settings().bootstrap("b:2") == "b:2"
+
+
+def test_a_bad_alert_url_is_refused_naming_the_variable() -> None:
+    with pytest.raises(ConfigError, match="PULSE_ALERT_URL"):
+        Settings.from_env({"PULSE_ALERT_URL": "alertmanager:9093"})
