@@ -4,6 +4,7 @@ index arrays the file readers produce, so decoding and binning are shared."""
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import select
@@ -12,7 +13,6 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -34,6 +34,8 @@ BLOCK_SIZE = 1 << 20
 BLOCK_NR = 64
 FRAME_SIZE = 1 << 11
 RETIRE_TOV_MS = 4
+SIOCGIFFLAGS = 0x8913
+SIOCGIFHWADDR = 0x8927
 
 
 @numba.njit(cache=True)
@@ -96,10 +98,15 @@ def _release_kernel(ring, first_block, count, nblocks, block_size):
 
 
 def _linktype(iface: str) -> tuple[int, bool]:
+    # ioctls, not /sys/class/net: sysfs shows the network namespace it was mounted in, a
+    # socket the namespace of the calling thread (`pulse agent --netns` captures from a
+    # thread that entered the node's namespace).
     try:
-        arphrd = int(Path(f"/sys/class/net/{iface}/type").read_text())
-        flags = int(Path(f"/sys/class/net/{iface}/flags").read_text(), 16)
-    except (OSError, ValueError):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("16s16x", iface.encode()[:15])
+            arphrd = struct.unpack("16xH14x", fcntl.ioctl(s.fileno(), SIOCGIFHWADDR, req))[0]
+            flags = struct.unpack("16xH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[0]
+    except OSError:
         raise ConfigError(f"--iface {iface}: no such network interface") from None
     loop = bool(flags & 0x8)
     if arphrd in (1, 772):
@@ -208,9 +215,11 @@ def _warm_up() -> None:
 def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
                  local: Sequence[str] | None, node: str, job: str = "", duration_s: float | None = None,
                  publisher: Callable | None = None, verbose: bool = False,
-                 ready: Callable[[], None] | None = None) -> dict:
-    """Capture on ``iface`` until ``duration_s`` (or Ctrl-C), writing/publishing a batch set
-    every window. Returns the summary (with ``drops``)."""
+                 ready: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None,
+                 on_window: Callable[[dict], None] | None = None) -> dict:
+    """Capture on ``iface`` until ``duration_s``, Ctrl-C or ``stop()`` returns True, writing/
+    publishing a batch set every window (``on_window`` gets the running counters then).
+    Returns the summary (with ``drops``)."""
     _warm_up()
     rs = RingSocket(iface)
     binner = CaptureBinner(epoch_ns=epoch_ns, window_ns=window_ns, iface_names=[iface],
@@ -247,12 +256,17 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
             now = time.monotonic()
             if duration_s is not None and now - start >= duration_s:
                 break
+            if stop is not None and stop():
+                break
             rs.wait(min(next_flush - now, 0.05) if next_flush > now else 0)
             rs.read(handle)
             if time.monotonic() >= next_flush:
                 rs.statistics()
                 emit(binner.flush(), binner.take_events())
                 next_flush += window_ns / 1e9
+                if on_window is not None:
+                    on_window({"packets": binner.packets, "flows": binner.n_flows, "drops": rs.drops,
+                               "kernel_packets": rs.kernel_packets})
                 if verbose:
                     print(f"\r{binner.packets} packets, {binner.n_flows} flows, drops {rs.drops}",
                           end="", file=sys.stderr, flush=True)

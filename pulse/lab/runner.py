@@ -114,7 +114,10 @@ def teardown_abort(rc: int, finished: bool) -> bool:
 
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
             log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
-            width: int = 768, nice: int = 10) -> LabRun:
+            width: int = 768, nice: int = 10,
+            on_network: Callable[[LabNetwork], None] | None = None) -> LabRun:
+    """``on_network`` runs once the namespaces exist, before the capture and the job start
+    (the agent's e2e test starts one `pulse agent` per node there)."""
     require_root()
     workdir.mkdir(parents=True, exist_ok=True)
     hook_dir = workdir / "hooks"
@@ -138,6 +141,8 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
     drops = packets = None
     try:
         net.create()
+        if on_network is not None:
+            on_network(net)
         injector = FaultInjector(net, fault, cgroups.paths)
         tcpdump = subprocess.Popen(
             ["ip", "netns", "exec", net.switch_ns, "tcpdump", "-i", net.bridge, "-s", "96", "-B", "65536",
