@@ -4,6 +4,7 @@ index arrays the file readers produce, so decoding and binning are shared."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -35,6 +36,8 @@ BLOCK_NR = 64
 FRAME_SIZE = 1 << 11
 RETIRE_TOV_MS = 4
 SIOCGIFFLAGS = 0x8913
+SO_ATTACH_FILTER = 26
+BPF_RET_K = 0x06
 SIOCGIFHWADDR = 0x8927
 
 
@@ -116,10 +119,20 @@ def _linktype(iface: str) -> tuple[int, bool]:
     raise ConfigError(f"--iface {iface}: link type ARPHRD {arphrd} is not supported (Ethernet, loopback, raw IP)")
 
 
+def _attach_snaplen(sock: socket.socket, snaplen: int) -> None:
+    """A one-instruction classic BPF program, ``ret #snaplen``: the kernel copies at most
+    ``snaplen`` bytes of each frame into the ring (as ``tcpdump -s``), so the ring holds ~10x
+    more packets of headers, which is all decoding needs (the wire length is kept)."""
+    insn = (ctypes.c_ubyte * 8).from_buffer_copy(struct.pack("<HBBI", BPF_RET_K, 0, 0, snaplen))
+    prog = struct.pack("HxxxxxxP", 1, ctypes.addressof(insn))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, prog)
+
+
 class RingSocket:
     """An AF_PACKET socket with a TPACKET_V3 receive ring bound to one interface."""
 
-    def __init__(self, iface: str, *, block_size: int = BLOCK_SIZE, block_nr: int = BLOCK_NR) -> None:
+    def __init__(self, iface: str, *, block_size: int = BLOCK_SIZE, block_nr: int = BLOCK_NR,
+                 snaplen: int = 0) -> None:
         if not sys.platform.startswith("linux"):
             raise ConfigError("live capture needs Linux (AF_PACKET)")
         self.linktype, self.loopback = _linktype(iface)
@@ -129,6 +142,8 @@ class RingSocket:
             raise ConfigError(f"live capture on {iface} needs root or CAP_NET_RAW "
                               "(run as root, or setcap cap_net_raw+ep on the Python binary)") from None
         try:
+            if snaplen > 0:
+                _attach_snaplen(self.sock, snaplen)
             self.sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
             req = struct.pack("7I", block_size, block_nr, FRAME_SIZE, block_size // FRAME_SIZE * block_nr,
                               RETIRE_TOV_MS, 0, 0)
@@ -216,12 +231,12 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
                  local: Sequence[str] | None, node: str, job: str = "", duration_s: float | None = None,
                  publisher: Callable | None = None, verbose: bool = False,
                  ready: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None,
-                 on_window: Callable[[dict], None] | None = None) -> dict:
+                 on_window: Callable[[dict], None] | None = None, snaplen: int = 0) -> dict:
     """Capture on ``iface`` until ``duration_s``, Ctrl-C or ``stop()`` returns True, writing/
     publishing a batch set every window (``on_window`` gets the running counters then).
     Returns the summary (with ``drops``)."""
     _warm_up()
-    rs = RingSocket(iface)
+    rs = RingSocket(iface, snaplen=snaplen)
     binner = CaptureBinner(epoch_ns=epoch_ns, window_ns=window_ns, iface_names=[iface],
                            local=local or None, node=node, job=job, lateness_ns=window_ns // 4)
     iface_ids = np.zeros(0, np.int32)

@@ -62,6 +62,8 @@ class AgentConfig:
     rdma: bool = True
     epoch_ns: int = DEFAULT_EPOCH_NS
     window_ns: int = 10_000_000
+    snaplen: int = 128
+    """bytes of each frame the kernel copies to the capture ring (headers; 0 = all)"""
     health_s: float = 0.5
     coalesce_ms: float = 20.0
     duration_s: float | None = None
@@ -88,7 +90,8 @@ class Agent:
         c, q, s = self.cfg, self.queue, self.stop
         if c.iface:
             self.sources.append(CaptureSource(q, s, iface=c.iface, node=c.node, local=c.local, epoch_ns=c.epoch_ns,
-                                              window_ns=c.window_ns, netns=c.netns))
+                                              window_ns=c.window_ns, netns=c.netns, job=c.job,
+                                              snaplen=c.snaplen))
         if c.hook_dir is not None:
             self.sources.append(HookDirSource(q, s, directory=c.hook_dir, node=c.node, job=c.job))
         if c.plugin_socket is not None:

@@ -30,6 +30,8 @@ _CTX = {"help_option_names": ["-h", "--help"]}
 @click.option("--rdma/--no-rdma", default=True, show_default=True, help="Poll `rdma -j res show qp` when available.")
 @click.option("--epoch-us", type=float, default=None, help="Epoch length (default PULSE_EPOCH_NS).")
 @click.option("--window-ms", type=float, default=10.0, show_default=True, help="Capture batch window.")
+@click.option("--snaplen", type=click.IntRange(0, 65535), default=128, show_default=True,
+              help="Bytes of each frame copied to the capture ring (headers are enough; 0 = whole frames).")
 @click.option("--health-s", type=float, default=0.5, show_default=True, help="Health record period.")
 @click.option("--coalesce-ms", type=float, default=20.0, show_default=True,
               help="Merge a NIC's consecutive batches into one message for up to this long.")
@@ -39,7 +41,7 @@ _CTX = {"help_option_names": ["-h", "--help"]}
 @click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: SIGTERM).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final health record as JSON on stdout.")
 def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...], netns: str | None,
-          hook_dir: Path | None, plugin_socket: Path | None, rdma: bool, epoch_us: float | None, window_ms: float,
+          hook_dir: Path | None, plugin_socket: Path | None, rdma: bool, epoch_us: float | None, window_ms: float, snaplen: int,
           health_s: float, coalesce_ms: float, broker: str | None, prefix: str | None, spool_dir: str | None,
           duration: float | None, as_json: bool) -> None:
     """Run the node agent: live capture, hook directory, plugin socket and rdma res, joined
@@ -71,7 +73,7 @@ def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...],
         raise ConfigError(f"--iface {iface}: no address found; give --local ADDR")
     cfg = AgentConfig(node=node_name, job=job, iface=iface, local=addrs, netns=netns, hook_dir=hook_dir,
                       plugin_socket=plugin_socket, rdma=rdma, epoch_ns=epoch_ns, window_ns=window_ns,
-                      health_s=health_s, coalesce_ms=coalesce_ms, duration_s=duration)
+                      snaplen=snaplen, health_s=health_s, coalesce_ms=coalesce_ms, duration_s=duration)
     click.echo(f"pulse agent {node_name}: broker {s.broker}, topics {s.topic_prefix}.*"
                + (f", capture {iface} ({', '.join(addrs)})" if iface else "")
                + (f", hooks {hook_dir}" if hook_dir else "")

@@ -108,9 +108,10 @@ class CaptureSource(Source):
     name_ = "capture"
 
     def __init__(self, out: queue.Queue[tuple[str, Any]], stop: threading.Event, *, iface: str, node: str,
-                 local: list[str], epoch_ns: int, window_ns: int, netns: str | None = None) -> None:
+                 local: list[str], epoch_ns: int, window_ns: int, netns: str | None = None,
+                 job: str = "", snaplen: int = 0) -> None:
         super().__init__(out, stop)
-        self.iface, self.node, self.local = iface, node, local
+        self.iface, self.node, self.local, self.job, self.snaplen = iface, node, local, job, snaplen
         self.epoch_ns, self.window_ns, self.netns = epoch_ns, window_ns, netns
         self.ready = threading.Event()
 
@@ -151,7 +152,8 @@ class CaptureSource(Source):
 
         self._base = {k: v for k, v in self.status.extra.items() if isinstance(v, int)}
         capture_live(self.iface, out=None, epoch_ns=self.epoch_ns, window_ns=self.window_ns, local=self.local,
-                     node=self.node, publisher=emit, stop=stop, on_window=window, ready=self.ready.set)
+                     node=self.node, job=self.job, publisher=emit, stop=stop, on_window=window, ready=self.ready.set,
+                     snaplen=self.snaplen)
 
 
 @dataclasses.dataclass
