@@ -236,7 +236,14 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
     publishing a batch set every window (``on_window`` gets the running counters then).
     Returns the summary (with ``drops``)."""
     _warm_up()
-    rs = RingSocket(iface, snaplen=snaplen)
+    if snaplen > 0:
+        # Short frames: smaller blocks, more of them. A block is handed over when full or
+        # after RETIRE_TOV_MS, so the ring holds block_nr x 4 ms of traffic at least: 64 x 1 MiB
+        # blocks retired by the timer hold ~0.26 s, too little for a reader that a busy host
+        # does not schedule for a while; 1024 x 64 KiB (same memory) hold ~4 s.
+        rs = RingSocket(iface, snaplen=snaplen, block_size=1 << 16, block_nr=BLOCK_SIZE * BLOCK_NR >> 16)
+    else:
+        rs = RingSocket(iface)
     binner = CaptureBinner(epoch_ns=epoch_ns, window_ns=window_ns, iface_names=[iface],
                            local=local or None, node=node, job=job, lateness_ns=window_ns // 4)
     iface_ids = np.zeros(0, np.int32)

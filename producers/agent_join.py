@@ -18,10 +18,10 @@ connections from what the node can see, plus what the other nodes' agents announ
 Until then nothing of the communicator is published: its operators and the rows of its
 connections would be segmented without a ring order, and its first collectives (DDP's
 parameter broadcast and bucket rebuild) have no op event at all. Once the ring is known,
-each agent announces the next op seq of its ranks and buffers from there; publication
-starts at the largest announced seq, so every node starts at the same operator, and each
-node's rows start at that operator's issue time on the node (the lab analysis's warm-up
-cut, without knowing the job's steps).
+each agent proposes a start seq a few seconds ahead of its ranks (``START_LEAD_S``);
+publication starts at the largest proposal, so every node starts at the same operator, at
+the same time, and each node's rows start at that operator's issue time on the node (the
+lab analysis's warm-up cut, without knowing the job's steps).
 
 Rows of TCP flows the join does not bind are counted, not published (the segmenter could
 only count them); other transports pass through.
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import os
 import socket
 import struct
@@ -50,6 +51,15 @@ NEXT_LEAD = 1.5
 """The main peer's bytes over the runner-up's."""
 NEXT_STABLE_TICKS = 3
 """Consecutive ticks the main peer must stay the same (DDP's start-up broadcast goes elsewhere)."""
+START_LEAD_S = 3.0
+"""How far ahead (at the ranks' recent pace) the start is proposed. Every agent must learn
+the agreed start before any rank reaches it: then every node publishes from the same
+operator on, live. An agent that learns it late sends its buffered rows at once, and the
+worker's aligner, which waits at most 1 s of trace time for a node behind, may then release
+operators without that node's ranks (and from then on wait for fewer). It covers the
+announcements' way round (a health period, a fetch, a tick) with room for a busy host."""
+START_MIN_OPS = 4
+RATE_WINDOW_NS = 5_000_000_000
 MAX_BUFFERED_BATCHES = 4096
 MAX_BUFFERED_OPS = 65536
 
@@ -323,7 +333,8 @@ class TcpJoin:
                 g.ring = _cycle({r: v.get("next") for r, v in ranks.items()}, g.nranks)
             if g.ring is not None:
                 for r in g.pids:
-                    g.my_start.setdefault(r, g.last_seq.get(r, -1) + 1)
+                    if r not in g.my_start:
+                        g.my_start[r] = g.last_seq.get(r, -1) + 1 + self._lead_ops(g, r)
                 self.directory([self.announce()])
                 ranks = self._global(g.comm_id)
                 starts = [v.get("start") for v in ranks.values()]
@@ -334,6 +345,15 @@ class TcpJoin:
                 batches += b
                 events += e
         return batches, events
+
+    @staticmethod
+    def _lead_ops(g: _Gate, rank: int) -> int:
+        """Operators this rank issues in START_LEAD_S at its recent pace: the start is
+        proposed that far ahead, so every agent knows it before any rank gets there."""
+        now = time.time_ns()
+        recent = sum(1 for o in g.ops if o.rank == rank and o.t_host_ns is not None
+                     and now - RATE_WINDOW_NS <= o.t_host_ns <= now)
+        return max(START_MIN_OPS, math.ceil(recent * START_LEAD_S * 1e9 / RATE_WINDOW_NS))
 
     def _own_connections(self) -> None:
         # /proc reads: when new connections were captured, else at most once a second

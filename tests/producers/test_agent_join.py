@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -72,24 +73,25 @@ def test_join_binds_orders_and_starts_together(conn: tuple[int, int], monkeypatc
     for _ in range(2):
         assert j.tick() == ([], [])
     g = j.gates[CID]
-    assert g.ring == [0, 1] and g.my_start == {0: 10}
-    assert j.announce()["comms"][CID]["ranks"]["0"] == {"next": 1, "start": 10}
-    assert g.start == 12  # the largest announced start: every node starts there
+    # proposed ahead of the rank: its last op + 1 + the lead (the minimum: no recent ops)
+    assert g.ring == [0, 1] and g.my_start == {0: 10 + agent_join.START_MIN_OPS}
+    assert j.announce()["comms"][CID]["ranks"]["0"] == {"next": 1, "start": 14}
+    assert g.start == 14  # the largest proposal: every node starts there
     t_first = 5 * EPOCH
-    j.hook_events([_op(10, 2_000), _op(11, 3_000)])
-    assert j.tick() == ([], [])  # op 12 not seen yet on this node
-    j.hook_events([_op(12, t_first), _op(13, t_first + 1)])
+    j.hook_events([_op(s, 2_000 + s) for s in range(10, 14)])
+    assert j.tick() == ([], [])  # op 14 not seen yet on this node
+    j.hook_events([_op(14, t_first), _op(15, t_first + 1)])
     batches, events = j.tick()
     comms = [e for e in events if isinstance(e, CommEvent)]
     assert [c.rings for c in comms] == [None, [[0, 1]]]
     flows = {(e.flow, e.direction, e.peer, e.rank, e.comm_id) for e in events if isinstance(e, FlowEvent)}
     assert flows == {(0, "send", 1, 0, CID), (1, "recv", 1, 0, CID)}
-    assert [e.seq for e in events if isinstance(e, OpEvent)] == [12, 13]
+    assert [e.seq for e in events if isinstance(e, OpEvent)] == [14, 15]
     # the buffered rows start at the first operator's issue time: the batch at t0=0 is cut
     assert batches == []
     later = j.batches([_batch(1, 10 * EPOCH, [0, 1, 2], 1000)])
     assert [b.flow.tolist() for b in later] == [[0, 1]]
-    assert j.hook_events([_op(14, 0)])[0].seq == 14  # released: ops pass as they come
+    assert j.hook_events([_op(16, 0)])[0].seq == 16  # released: ops pass as they come
 
 
 def test_a_new_job_with_the_same_comm_id_starts_over() -> None:
@@ -107,3 +109,13 @@ def test_without_a_capture_nothing_is_gated() -> None:
     j = TcpJoin("a", [], gate=False)
     ev = CommEvent(job="j", node="a", comm_id=CID, rank=0, nranks=2, pid=1, source="torch")
     assert j.hook_events([ev, _op(0, 1)]) == [ev, _op(0, 1)]
+
+
+def test_the_start_is_proposed_ahead_at_the_ranks_pace() -> None:
+    j = TcpJoin("a", [A])
+    j.hook_events([CommEvent(job="j", node="a", comm_id=CID, rank=0, nranks=2, pid=111, source="torch")])
+    now = time.time_ns()
+    # 20 operators in the last 5 s: 4/s, so 3 s ahead is 12 operators
+    j.hook_events([_op(s, now - (20 - s) * 250_000_000) for s in range(20)])
+    assert j._lead_ops(j.gates[CID], 0) == 12
+    assert j._lead_ops(j.gates[CID], 1) == agent_join.START_MIN_OPS  # no recent ops of that rank
