@@ -59,6 +59,13 @@ worker's aligner, which waits at most 1 s of trace time for a node behind, may t
 operators without that node's ranks (and from then on wait for fewer). It covers the
 announcements' way round (a health period, a fetch, a tick) with room for a busy host."""
 START_MIN_OPS = 4
+START_MIN_SEQ = 65
+"""The streaming segmenter takes a stream whose first operator has a seq up to its
+``late_batches`` (64) for one that began at seq 0 and arrived out of order: it waits for
+the missing seqs until 64 later ones arrived, then skips them. An agent starting at seq 40
+would have every node's operators held for 64 operators and let out in a burst, at a
+different moment on each node: the worker's aligner then releases them in fragments (the
+same failure as staggered starts). So the start is never below 65."""
 RATE_WINDOW_NS = 5_000_000_000
 MAX_BUFFERED_BATCHES = 4096
 MAX_BUFFERED_OPS = 65536
@@ -334,7 +341,7 @@ class TcpJoin:
             if g.ring is not None:
                 for r in g.pids:
                     if r not in g.my_start:
-                        g.my_start[r] = g.last_seq.get(r, -1) + 1 + self._lead_ops(g, r)
+                        g.my_start[r] = max(START_MIN_SEQ, g.last_seq.get(r, -1) + 1 + self._lead_ops(g, r))
                 self.directory([self.announce()])
                 ranks = self._global(g.comm_id)
                 starts = [v.get("start") for v in ranks.values()]

@@ -54,6 +54,7 @@ def test_process_connections_reads_this_process(conn: tuple[int, int]) -> None:
 def test_join_binds_orders_and_starts_together(conn: tuple[int, int], monkeypatch: pytest.MonkeyPatch) -> None:
     cport, sport = conn
     monkeypatch.setattr(agent_join, "NEXT_STABLE_TICKS", 2)
+    monkeypatch.setattr(agent_join, "START_MIN_SEQ", 0)  # (its own test below)
     j = TcpJoin("a", [A])
     comm = CommEvent(job="j", node="a", comm_id=CID, rank=0, nranks=2, pid=os.getpid(), source="torch")
     # nothing of a torch communicator goes out before its ring and start are known
@@ -119,3 +120,15 @@ def test_the_start_is_proposed_ahead_at_the_ranks_pace() -> None:
     j.hook_events([_op(s, now - (20 - s) * 250_000_000) for s in range(20)])
     assert j._lead_ops(j.gates[CID], 0) == 12
     assert j._lead_ops(j.gates[CID], 1) == agent_join.START_MIN_OPS  # no recent ops of that rank
+
+
+def test_the_start_is_never_where_the_segmenter_waits_for_seq_0() -> None:
+    from pulse.segmentation.params import SegmentParams
+
+    assert SegmentParams().late_batches < agent_join.START_MIN_SEQ
+    j = TcpJoin("a", [A])
+    j.hook_events([CommEvent(job="j", node="a", comm_id=CID, rank=0, nranks=2, pid=111, source="torch")])
+    g = j.gates[CID]
+    g.ring = [0, 1]
+    j.tick()
+    assert g.my_start == {0: agent_join.START_MIN_SEQ}
