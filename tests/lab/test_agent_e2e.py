@@ -166,8 +166,10 @@ def test_agents_give_the_lab_verdict(broker: str, tmp_path: Path) -> None:
     assert first(lab["pulse"]) == want, report
     assert first(streamed) == want, report
     assert all(a["family"] == "network" for a in streamed["anomalies"]), report
+    (tmp_path / "finals.json").write_bytes(orjson.dumps(finals))  # the agents' last health records
     for name, f in finals.items():
         assert set(f["sources_seen"]) >= {"capture", "hook-dir"}, (name, f)
+        assert f["drops"]["capture_kernel"] == 0, (name, f["drops"])
         assert f["join"]["bound_flows"] == 2 * (RANKS - 1), (name, f["join"])  # send + recv to each peer
         assert f["publisher"]["dropped"] == 0 and f["publisher"]["spool_bytes"] == 0, (name, f["publisher"])
     assert rec.get("dead_letters", 0) == 0

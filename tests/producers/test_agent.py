@@ -216,3 +216,18 @@ def test_capture_interface_that_goes_away_and_comes_back(broker: str, tmp_path: 
             assert _stop(proc) == 0
         for n in (ns, peer_ns):
             subprocess.run(["ip", "netns", "del", n], capture_output=True)
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PULSE_")}
+    p = subprocess.run([PULSE, "agent", "--hook-dir", str(tmp_path)], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert p.returncode == 1 and p.stderr.strip().splitlines()[-1].startswith("error: no broker")
+    p = subprocess.run([PULSE, "agent", "--no-rdma", "--broker", "127.0.0.1:1"], capture_output=True, text=True,
+                       env=env, timeout=60)
+    assert p.returncode == 1 and "nothing to do" in p.stderr
+    p = subprocess.run([PULSE, "agent", "--broker", "127.0.0.1:1", "--iface", "no-such-if0", "--no-rdma"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 1 and "no address found" in p.stderr
+    p = subprocess.run([PULSE, "agent", "--bogus"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2
