@@ -125,7 +125,8 @@ def test_agents_give_the_lab_verdict(broker: str, tmp_path: Path) -> None:
             raise AssertionError("the agents' captures did not come up")
 
         run = run_lab(ranks=RANKS, fault=parse_fault(FAULT, RANKS), steps=STEPS, fault_after=FAULT_AFTER,
-                      workdir=workdir, log=lambda m: None, timeout_s=400, on_network=start_agents)
+                      workdir=workdir, log=lambda m: None, timeout_s=400, on_network=start_agents,
+                      net_prefix="pagte2e")  # not `pulse lab`'s: a lab run elsewhere on the host is left alone
         finals = {}
         for name, p in agents.items():
             assert _stop(p) == 0, (tmp_path / f"agent-{name}.log").read_text()[-2000:]
