@@ -115,7 +115,12 @@ def teardown_abort(rc: int, finished: bool) -> bool:
 
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
             log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
-            width: int = 768, nice: int = 10) -> LabRun:
+            width: int = 768, nice: int = 10,
+            on_network: Callable[[LabNetwork], None] | None = None, net_prefix: str = "plab") -> LabRun:
+    """``on_network`` runs once the namespaces exist, before the capture and the job start
+    (the agent's e2e test starts one `pulse agent` per node there). ``net_prefix`` names
+    the namespaces (a run removes stale ones with its prefix: two concurrent runs on one
+    host need different prefixes)."""
     require_root()
     workdir.mkdir(parents=True, exist_ok=True)
     hook_dir = workdir / "hooks"
@@ -134,11 +139,13 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_term)
-    net = LabNetwork(ranks)
+    net = LabNetwork(ranks, prefix=net_prefix)
     injector: FaultInjector | None = None
     drops = packets = None
     try:
         net.create()
+        if on_network is not None:
+            on_network(net)
         injector = FaultInjector(net, fault, cgroups.paths)
         tcpdump = subprocess.Popen(
             ["ip", "netns", "exec", net.switch_ns, "tcpdump", "-i", net.bridge, "-s", "96", "-B", "65536",

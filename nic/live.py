@@ -4,6 +4,8 @@ index arrays the file readers produce, so decoding and binning are shared."""
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import mmap
 import os
 import select
@@ -12,7 +14,6 @@ import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -34,6 +35,10 @@ BLOCK_SIZE = 1 << 20
 BLOCK_NR = 64
 FRAME_SIZE = 1 << 11
 RETIRE_TOV_MS = 4
+SIOCGIFFLAGS = 0x8913
+SO_ATTACH_FILTER = 26
+BPF_RET_K = 0x06
+SIOCGIFHWADDR = 0x8927
 
 
 @numba.njit(cache=True)
@@ -96,10 +101,15 @@ def _release_kernel(ring, first_block, count, nblocks, block_size):
 
 
 def _linktype(iface: str) -> tuple[int, bool]:
+    # ioctls, not /sys/class/net: sysfs shows the network namespace it was mounted in, a
+    # socket the namespace of the calling thread (`pulse agent --netns` captures from a
+    # thread that entered the node's namespace).
     try:
-        arphrd = int(Path(f"/sys/class/net/{iface}/type").read_text())
-        flags = int(Path(f"/sys/class/net/{iface}/flags").read_text(), 16)
-    except (OSError, ValueError):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("16s16x", iface.encode()[:15])
+            arphrd = struct.unpack("16xH14x", fcntl.ioctl(s.fileno(), SIOCGIFHWADDR, req))[0]
+            flags = struct.unpack("16xH14x", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req))[0]
+    except OSError:
         raise ConfigError(f"--iface {iface}: no such network interface") from None
     loop = bool(flags & 0x8)
     if arphrd in (1, 772):
@@ -109,10 +119,20 @@ def _linktype(iface: str) -> tuple[int, bool]:
     raise ConfigError(f"--iface {iface}: link type ARPHRD {arphrd} is not supported (Ethernet, loopback, raw IP)")
 
 
+def _attach_snaplen(sock: socket.socket, snaplen: int) -> None:
+    """A one-instruction classic BPF program, ``ret #snaplen``: the kernel copies at most
+    ``snaplen`` bytes of each frame into the ring (as ``tcpdump -s``), so the ring holds ~10x
+    more packets of headers, which is all decoding needs (the wire length is kept)."""
+    insn = (ctypes.c_ubyte * 8).from_buffer_copy(struct.pack("<HBBI", BPF_RET_K, 0, 0, snaplen))
+    prog = struct.pack("HxxxxxxP", 1, ctypes.addressof(insn))
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, prog)
+
+
 class RingSocket:
     """An AF_PACKET socket with a TPACKET_V3 receive ring bound to one interface."""
 
-    def __init__(self, iface: str, *, block_size: int = BLOCK_SIZE, block_nr: int = BLOCK_NR) -> None:
+    def __init__(self, iface: str, *, block_size: int = BLOCK_SIZE, block_nr: int = BLOCK_NR,
+                 snaplen: int = 0) -> None:
         if not sys.platform.startswith("linux"):
             raise ConfigError("live capture needs Linux (AF_PACKET)")
         self.linktype, self.loopback = _linktype(iface)
@@ -122,6 +142,8 @@ class RingSocket:
             raise ConfigError(f"live capture on {iface} needs root or CAP_NET_RAW "
                               "(run as root, or setcap cap_net_raw+ep on the Python binary)") from None
         try:
+            if snaplen > 0:
+                _attach_snaplen(self.sock, snaplen)
             self.sock.setsockopt(SOL_PACKET, PACKET_VERSION, TPACKET_V3)
             req = struct.pack("7I", block_size, block_nr, FRAME_SIZE, block_size // FRAME_SIZE * block_nr,
                               RETIRE_TOV_MS, 0, 0)
@@ -208,11 +230,20 @@ def _warm_up() -> None:
 def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
                  local: Sequence[str] | None, node: str, job: str = "", duration_s: float | None = None,
                  publisher: Callable | None = None, verbose: bool = False,
-                 ready: Callable[[], None] | None = None) -> dict:
-    """Capture on ``iface`` until ``duration_s`` (or Ctrl-C), writing/publishing a batch set
-    every window. Returns the summary (with ``drops``)."""
+                 ready: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None,
+                 on_window: Callable[[dict], None] | None = None, snaplen: int = 0) -> dict:
+    """Capture on ``iface`` until ``duration_s``, Ctrl-C or ``stop()`` returns True, writing/
+    publishing a batch set every window (``on_window`` gets the running counters then).
+    Returns the summary (with ``drops``)."""
     _warm_up()
-    rs = RingSocket(iface)
+    if snaplen > 0:
+        # Short frames: smaller blocks, more of them. A block is handed over when full or
+        # after RETIRE_TOV_MS, so the ring holds block_nr x 4 ms of traffic at least: 64 x 1 MiB
+        # blocks retired by the timer hold ~0.26 s, too little for a reader that a busy host
+        # does not schedule for a while; 1024 x 64 KiB (same memory) hold ~4 s.
+        rs = RingSocket(iface, snaplen=snaplen, block_size=1 << 16, block_nr=BLOCK_SIZE * BLOCK_NR >> 16)
+    else:
+        rs = RingSocket(iface)
     binner = CaptureBinner(epoch_ns=epoch_ns, window_ns=window_ns, iface_names=[iface],
                            local=local or None, node=node, job=job, lateness_ns=window_ns // 4)
     iface_ids = np.zeros(0, np.int32)
@@ -247,12 +278,17 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
             now = time.monotonic()
             if duration_s is not None and now - start >= duration_s:
                 break
+            if stop is not None and stop():
+                break
             rs.wait(min(next_flush - now, 0.05) if next_flush > now else 0)
             rs.read(handle)
             if time.monotonic() >= next_flush:
                 rs.statistics()
                 emit(binner.flush(), binner.take_events())
                 next_flush += window_ns / 1e9
+                if on_window is not None:
+                    on_window({"packets": binner.packets, "flows": binner.n_flows, "drops": rs.drops,
+                               "kernel_packets": rs.kernel_packets})
                 if verbose:
                     print(f"\r{binner.packets} packets, {binner.n_flows} flows, drops {rs.drops}",
                           end="", file=sys.stderr, flush=True)

@@ -48,6 +48,10 @@ class SyncPublisher:
 
     __call__ = publish
 
+    def publish_raw(self, topic: str, key: bytes, value: bytes) -> None:
+        """One message as it is (e.g. a health record on the pipeline topic), through the spool."""
+        self._call(self._pub.publish(topic, key, value))
+
     def flush(self, timeout: float | None = None) -> None:
         self._call(self._pub.flush(), timeout)
 

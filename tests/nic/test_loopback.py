@@ -108,7 +108,8 @@ def test_tcpdump_loopback_matches_tshark(tmp_path, tcpdump, tshark):
     assert {k: v for k, v in got.items() if v} == dict(bins)
 
 
-def test_live_capture_on_loopback_zero_drops(tmp_path):
+@pytest.mark.parametrize("snaplen", [0, 128])  # 128: headers only in the ring (pulse agent), same bytes
+def test_live_capture_on_loopback_zero_drops(tmp_path, snaplen):
     _needs_root()
     from pulse.nic.live import capture_live
 
@@ -122,7 +123,7 @@ def test_live_capture_on_loopback_zero_drops(tmp_path):
     def run() -> None:
         try:
             res["summary"] = capture_live("lo", out=str(out), epoch_ns=32_000, window_ns=50_000_000, local=None,
-                                          node="x", duration_s=6.0, ready=ready.set)
+                                          node="x", duration_s=6.0, ready=ready.set, snaplen=snaplen)
         except BaseException as exc:  # surfaced below
             res["error"] = exc
             ready.set()
