@@ -21,7 +21,7 @@ from pulse.lab.netns import LabNetwork, cgroup_root, require_root
 MASTER_PORT = 29500
 _STEP = re.compile(r"^step (\d+) t_ms=([\d.]+) wall_ns=(\d+)")
 _DONE = "done"
-"""The job's last line, after it destroyed its process group: everything it had to do is done."""
+"""The job's last line, after it destroyed its process group (then it leaves by os._exit)."""
 
 
 @dataclasses.dataclass
@@ -102,14 +102,6 @@ class _Cgroups:
             except OSError:
                 pass
         self.paths.clear()
-
-
-def teardown_abort(rc: int, finished: bool) -> bool:
-    """A rank that printed its last line (after destroying its process group) and then died
-    of SIGABRT: torch sometimes aborts in the interpreter's teardown of Gloo state
-    ("terminate called without an active exception"), with or without Pulse. Its run is
-    complete; any other non-zero exit is a failed run."""
-    return finished and rc == -signal.SIGABRT
 
 
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
@@ -200,13 +192,11 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                 rc = p.wait(timeout=left)
             except subprocess.TimeoutExpired:
                 raise ServiceError(f"lab job did not finish within {timeout_s:.0f} s (rank {r})") from None
-            if rc == -signal.SIGABRT:
-                threads[r].join(timeout=5)  # its last lines
-            if rc != 0 and teardown_abort(rc, r in done):
-                log(f"  rank {r} aborted after it finished (torch's Gloo teardown at exit); its run is complete")
-            elif rc != 0:
+            threads[r].join(timeout=5)  # its last lines
+            if rc != 0 or r not in done:
                 tail = "\n".join(errors[r][-15:])
-                raise ServiceError(f"lab rank {r} exited with {rc}:\n{tail}")
+                what = f"exited with {rc}" if rc != 0 else "exited before its last line ('done')"
+                raise ServiceError(f"lab rank {r} {what}:\n{tail}")
         for t in threads:
             t.join(timeout=5)
         drops, packets = _stop_tcpdump(tcpdump)
