@@ -345,6 +345,7 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
         "epoch_ns": epoch_ns,
         "capture": {**prep.capture, "kernel_drops": run.capture_drops},
         "step_ms": {"healthy_median": _median(healthy_ms), "faulty_median": _median(faulty_ms)},
+        "fault_effect": getattr(run, "fault_effect", None),
     }
 
 

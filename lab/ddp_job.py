@@ -4,6 +4,14 @@ It knows nothing of Pulse (it imports only torch and the standard library); the 
 its stdout for progress ("step N t_ms=...", then "done" once its process group is
 destroyed) and learns operators through the torch
 injection on PYTHONPATH, exactly as it would on a tenant's job.
+
+It ends with ``os._exit(0)``. Building DDP imports ``torch.distributed.nn``, whose functions
+take ``group=group.WORLD`` as a default argument evaluated at import: once the group exists
+they hold it, so ``destroy_process_group`` cannot free it and its Gloo threads (two workers,
+the TCP event loop, rank 0's store server) live on until the interpreter's last garbage
+collection destroys the group mid-finalization, the step where torch aborted now and then
+("terminate called without an active exception"). Everything the job owes is written by
+then (stdout flushed; the injection writes each record with one unbuffered write).
 """
 
 import os
@@ -42,11 +50,14 @@ def main() -> int:
         opt.step()
         dt = (time.perf_counter() - t0) * 1e3
         print(f"step {step} t_ms={dt:.1f} wall_ns={time.time_ns()}", flush=True)
-    dist.barrier()
+    dist.barrier()  # every rank is past its last collective before any rank goes
     dist.destroy_process_group()
     print("done", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    rc = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)

@@ -22,7 +22,7 @@ from pulse.errors import ConfigError, ServiceError
 MASTER_PORT = 29500
 _STEP = re.compile(r"^step (\d+) t_ms=([\d.]+) wall_ns=(\d+)")
 _DONE = "done"
-"""The job's last line, after it destroyed its process group: everything it had to do is done."""
+"""The job's last line, after it destroyed its process group (then it leaves by os._exit)."""
 
 
 @dataclasses.dataclass
@@ -44,6 +44,9 @@ class LabRun:
     master_port: int = MASTER_PORT
     fault_after: int = 0
     """steps run before the fault was injected"""
+    fault_effect: dict[str, int] | None = None
+    """what the fault did, measured: for ``cpu``, the rank's cgroup ``cpu.stat`` counters
+    (``nr_periods``, ``nr_throttled``, ``throttled_ns``) over the whole run"""
 
     def save(self) -> Path:
         """Write run.json into the work directory (what `pulse lab analyze` reads)."""
@@ -64,7 +67,8 @@ class LabRun:
                        step_ms={int(k): v for k, v in d["step_ms"].items()},
                        step_end_ns={int(k): v for k, v in d["step_end_ns"].items()},
                        capture_drops=d["capture_drops"], capture_packets=d["capture_packets"],
-                       master_port=d["master_port"], fault_after=int(d.get("fault_after", 0)))
+                       master_port=d["master_port"], fault_after=int(d.get("fault_after", 0)),
+                       fault_effect=d.get("fault_effect"))
         except FileNotFoundError:
             raise ConfigError(f"{p}: no run.json (not a directory kept by `pulse lab run --keep`)") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -89,6 +93,12 @@ class _Cgroups:
             (p / "cpu.cfs_quota_us").write_text("-1")
             self.paths[r] = p
 
+    def cpu_stat(self, rank: int) -> dict[str, int]:
+        """The rank's cgroup v1 ``cpu.stat``: periods, throttled periods, throttled time."""
+        fields = dict(line.split() for line in (self.paths[rank] / "cpu.stat").read_text().splitlines())
+        return {"nr_periods": int(fields.get("nr_periods", 0)), "nr_throttled": int(fields.get("nr_throttled", 0)),
+                "throttled_ns": int(fields.get("throttled_time", 0))}
+
     def close(self) -> None:
         parent_tasks = self.paths and next(iter(self.paths.values())).parent / "tasks"
         for p in self.paths.values():
@@ -103,14 +113,6 @@ class _Cgroups:
             except OSError:
                 pass
         self.paths.clear()
-
-
-def teardown_abort(rc: int, finished: bool) -> bool:
-    """A rank that printed its last line (after destroying its process group) and then died
-    of SIGABRT: torch sometimes aborts in the interpreter's teardown of Gloo state
-    ("terminate called without an active exception"), with or without Pulse. Its run is
-    complete; any other non-zero exit is a failed run."""
-    return finished and rc == -signal.SIGABRT
 
 
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
@@ -130,6 +132,12 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
     procs: list[subprocess.Popen[str]] = []
     tcpdump: subprocess.Popen[str] | None = None
     cgroups = _Cgroups(ranks, tag)
+    if fault.kind == "cpu" and fault.rank not in cgroups.paths:
+        cgroups.close()
+        # Without it the quota would have nowhere to go: the run would be healthy while
+        # its truth says compute-slow (the injection used to fail in a reader thread, unseen).
+        raise ConfigError(f"--fault {fault.text}: needs the cgroup v1 cpu controller "
+                          "(/sys/fs/cgroup/cpu with cpu.cfs_quota_us); not found on this host")
     step_ms: dict[int, list[float]] = {r: [] for r in range(ranks)}
     step_end: dict[int, list[int]] = {r: [] for r in range(ranks)}
     onset: list[int] = []
@@ -142,6 +150,7 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
     net = LabNetwork(ranks, prefix=net_prefix)
     injector: FaultInjector | None = None
     drops = packets = None
+    effect: dict[str, int] | None = None
     try:
         net.create()
         if on_network is not None:
@@ -177,8 +186,18 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                                           text=True))
         errors: dict[int, list[str]] = {r: [] for r in range(ranks)}
         done: set[int] = set()
+        failed: list[BaseException] = []
 
         def reader(r: int, p: subprocess.Popen[str]) -> None:
+            try:
+                read(r, p)
+            except BaseException as exc:  # the fault's injection runs here: its failure fails the run
+                failed.append(exc)
+                assert p.stdout is not None
+                for _line in p.stdout:  # keep draining, or the rank blocks on a full pipe
+                    pass
+
+        def read(r: int, p: subprocess.Popen[str]) -> None:
             assert p.stdout is not None
             for line in p.stdout:
                 if line.strip() == _DONE:
@@ -208,15 +227,22 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                 rc = p.wait(timeout=left)
             except subprocess.TimeoutExpired:
                 raise ServiceError(f"lab job did not finish within {timeout_s:.0f} s (rank {r})") from None
-            if rc == -signal.SIGABRT:
-                threads[r].join(timeout=5)  # its last lines
-            if rc != 0 and teardown_abort(rc, r in done):
-                log(f"  rank {r} aborted after it finished (torch's Gloo teardown at exit); its run is complete")
-            elif rc != 0:
+            threads[r].join(timeout=5)  # its last lines
+            if failed:
+                raise ServiceError(f"lab run failed while rank {r} ran: {failed[0]!r}") from failed[0]
+            if rc != 0 or r not in done:
                 tail = "\n".join(errors[r][-15:])
-                raise ServiceError(f"lab rank {r} exited with {rc}:\n{tail}")
+                what = f"exited with {rc}" if rc != 0 else "exited before its last line ('done')"
+                raise ServiceError(f"lab rank {r} {what}:\n{tail}")
         for t in threads:
             t.join(timeout=5)
+        if injector.applied and fault.kind == "cpu":
+            effect = cgroups.cpu_stat(fault.rank)
+            if effect["nr_throttled"] == 0:
+                # A quota that never throttled left the job healthy: scoring Pulse against
+                # "compute-slow" would blame the detector for a fault that did not happen.
+                raise ServiceError(f"the cpu quota on rank {fault.rank} never throttled it ({effect}): "
+                                   "the fault did not happen")
         drops, packets = _stop_tcpdump(tcpdump)
         tcpdump = None
     finally:
@@ -239,7 +265,7 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                   nodes={n.name: n.address for n in net.nodes},
                   ranks={n.index: n.name for n in net.nodes}, fault=fault,
                   onset_wall_ns=onset[0] if onset else None, step_ms=step_ms, step_end_ns=step_end,
-                  capture_drops=drops, capture_packets=packets, fault_after=fault_after)
+                  capture_drops=drops, capture_packets=packets, fault_after=fault_after, fault_effect=effect)
 
 
 def _wait_listening(proc: subprocess.Popen[str]) -> None:

@@ -404,7 +404,9 @@ if _active():
                     setattr(mod, name, wrapped)
 
     # -- DDP: the C++ reducer issues gradient AllReduces that no Python entry point sees --
-    def _hook_done(ops: list, fut) -> None:
+    def _hook_done(ops: list, fut):
+        """The hook's future completed: one oplevel record per operator it issued, then the
+        hook's own result, unchanged (a failed collective raises here as it would have)."""
         try:
             end = time.time_ns()
             fut.value()  # raises if the collective failed: then it did not complete
@@ -412,6 +414,7 @@ if _active():
                 _write_end(rec, end)
         except Exception:
             pass
+        return fut.value()
 
     def _timed(hook):
         """Wrap a DDP comm hook: the collectives it issues go through the wrapped entry points
@@ -430,7 +433,10 @@ if _active():
                 _tls.capture = None
             if ops:
                 try:
-                    fut.then(functools.partial(_hook_done, ops))
+                    # DDP waits on the future it is given: chained, the records are on disk
+                    # before DDP uses the bucket, so a job that ends with os._exit (skipping
+                    # the interpreter's teardown) has them all; a side branch could lag.
+                    return fut.then(functools.partial(_hook_done, ops))
                 except Exception:
                     _failed()
             return fut

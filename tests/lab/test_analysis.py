@@ -112,14 +112,3 @@ def test_judge_and_summary() -> None:
     assert judge(summarize_verdicts([_v("healthy")]), healthy)
     assert judge(summarize_verdicts([]), healthy)
     assert not judge(summarize_verdicts([_v("anomaly", "compute-slow", ("node-01",))]), healthy)
-
-
-def test_only_an_abort_after_a_finished_run_is_forgiven():
-    import signal
-
-    from pulse.lab.runner import teardown_abort
-
-    assert teardown_abort(-signal.SIGABRT, finished=True)
-    assert not teardown_abort(-signal.SIGABRT, finished=False)  # died mid-run
-    assert not teardown_abort(-signal.SIGSEGV, finished=True)
-    assert not teardown_abort(1, finished=True)
