@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from pulse.lab.netns import cgroup_root
 
 pytestmark = pytest.mark.root
