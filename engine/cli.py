@@ -10,6 +10,7 @@ import click
 import orjson
 from pulse.localization import LocalizeParams
 
+from pulse.cli_types import InDir, KeepDir, count
 from pulse.records import Incident, Verdict
 
 
@@ -78,8 +79,19 @@ def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
         console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {v.evidence}")
 
 
+def _damage_line(d: dict[str, Any]) -> str:
+    parts = []
+    if d.get("incomplete"):
+        parts.append("incomplete trace (its writer did not finish" + (f": {d['error']}" if d.get("error") else "")
+                     + ")")
+    if d.get("truncated_records"):
+        parts.append(f"read up to the last whole record, cut {d['truncated_records']} partial record(s), "
+                     f"{d.get('truncated_bytes', 0)} bytes")
+    return "; ".join(parts)
+
+
 @click.command("diagnose")
-@click.argument("trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("trace_dir", type=InDir())
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines on stdout: every incident state change (with --verdicts: every verdict).")
 @click.option("--verdicts", "show_verdicts", is_flag=True,
@@ -92,6 +104,8 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
     from .diagnose import diagnose as run
 
     res = run(trace_dir, LocalizeParams(), baseline=baseline)
+    if res.damage:  # on stderr in both modes: --json consumers read records on stdout
+        click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
     if as_json:
         out = sys.stdout.buffer
         records: list[Any] = list(res.verdicts) if show_verdicts else list(res.incidents)
@@ -150,13 +164,13 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
 @click.command("eval")
 @click.option("--scenarios", "scenarios", default=None,
               help="Comma-separated scenario names (default: the whole battery).")
-@click.option("--seeds", default=3, show_default=True, type=int, help="Seeds per anomaly scenario.")
-@click.option("--healthy-seeds", default=10, show_default=True, type=int,
+@click.option("--seeds", default=3, show_default=True, type=count(1, 1000), help="Seeds per anomaly scenario.")
+@click.option("--healthy-seeds", default=10, show_default=True, type=count(0, 10_000),
               help="Seeds of the healthy scenario (at least --seeds).")
 @click.option("--workload", type=click.Choice(["dense", "moe"]), default=None,
               help="Workload for every scenario (default: each scenario's own).")
-@click.option("--jobs", default=2, show_default=True, type=int, help="Worker processes.")
-@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--jobs", default=2, show_default=True, type=count(1, 256), help="Worker processes.")
+@click.option("--keep", type=KeepDir(), default=None,
               help="Keep (and reuse) the simulated traces in this directory instead of a temp dir.")
 @click.option("--sim-arg", "sim_args", multiple=True, help="Extra argument passed to `pulse sim` (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")

@@ -12,6 +12,7 @@ from typing import Any
 import click
 from pulse.lab.analysis import LAB_EPOCH_NS
 
+from pulse.cli_types import InDir
 from pulse.errors import ConfigError
 
 
@@ -100,7 +101,7 @@ def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: in
 
 
 @lab.command("analyze")
-@click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("workdir", type=InDir())
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100))
 @click.option("--epoch-us", default=LAB_EPOCH_NS // 1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
