@@ -87,6 +87,8 @@ def _damage_line(d: dict[str, Any]) -> str:
     if d.get("truncated_records"):
         parts.append(f"read up to the last whole record, cut {d['truncated_records']} partial record(s), "
                      f"{d.get('truncated_bytes', 0)} bytes")
+    for node, gaps in (d.get("nodes") or {}).items():
+        parts.append(f"{node}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(gaps.items())))
     return "; ".join(parts)
 
 

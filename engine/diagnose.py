@@ -94,7 +94,11 @@ def diagnose(trace_dir: str | Path, params: LocalizeParams | None = None, *, bas
     engine = JobEngine(segment_params, params)
     stats: dict[str, int] = {}
     n_events = run_engine(reader, engine, chunk_ns=chunk_ns, stats=stats)
-    damage: dict[str, Any] = {k: v for k, v in stats.items() if k.startswith("truncated_") and v}
+    damage: dict[str, Any] = {k: v for k, v in stats.items() if k != "batches" and v}
+    nodes = {node: g for node in sorted(engine.segment.nodes) if (g := engine.segment.gaps(node))}
+    nodes.update({n: g for n, g in engine.segment.damage.items() if n not in nodes and g})
+    if nodes:
+        damage["nodes"] = nodes
     if not reader.complete:
         damage["incomplete"] = True
         if reader.meta.get("error"):

@@ -239,13 +239,14 @@ def _read_jsonl(path: Path, decode: Any, *, tolerate_truncation: bool = False,
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
-            if tolerate_truncation and not line.endswith(b"\n"):
-                _cut(stats, len(line))  # the last line of a writer that died mid-line
-                return
             try:
-                yield decode(line, f"{path}:{lineno}")
+                rec = decode(line, f"{path}:{lineno}")
             except DecodeError as exc:
+                if tolerate_truncation and not line.endswith(b"\n"):
+                    _cut(stats, len(line))  # the last line of a writer that died mid-line
+                    return
                 raise TraceError(str(exc)) from None
+            yield rec
 
 
 class TraceReader:
@@ -320,11 +321,19 @@ class TraceReader:
 
         def nic_stream(k: int, path: Path) -> Iterator[tuple[int, int, Any]]:
             for b in read_batch_file(path, tolerate_truncation=tolerate_truncation, stats=stats):
+                if (b.node, b.nic) != names[k]:
+                    # The path names the NIC: a batch of another one was put there by hand
+                    # or by a bug; used, it would count twice or on the wrong node, and
+                    # dropped, its NIC would look silent (a stop that never happened).
+                    raise TraceError(f"{path}: batch {b.batch_seq} is of {b.node}/{b.nic}, not of the "
+                                     f"NIC its path names ({'/'.join(names[k])})")
                 if stats is not None:
                     stats["batches"] = stats.get("batches", 0) + 1
                 yield (b.end_ns(), 1 << 40 | k, b)
 
-        streams = [nic_stream(k, p) for k, (_, _, p) in enumerate(self.nic_files())]
+        files = self.nic_files()
+        names = [(n, c) for n, c, _ in files]
+        streams = [nic_stream(k, p) for k, (_, _, p) in enumerate(files)]
         merged = heapq.merge(iter(ops), *streams, key=lambda x: (x[0], x[1]))
         return setup, ((t, item) for t, _, item in merged)
 
