@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from pulse.cli_types import InFile, check_socket_path, count, seconds
+from pulse.cli_types import InFile, KeepDir, check_socket_path, count, seconds
 from pulse.errors import ConfigError, DecodeError
 from pulse.events import HookEvent
 
@@ -37,7 +37,7 @@ def hooks() -> None:
 
 
 @hooks.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--out", "out_dir", type=KeepDir(), default=None,
               help="Directory for libnccl-profiler-pulse.so (default: a per-user cache).")
 @click.option("--force", is_flag=True, help="Rebuild even when the cached build is up to date.")
 def build(out_dir: str | None, force: bool) -> None:

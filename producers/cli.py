@@ -15,7 +15,7 @@ from typing import Any
 import click
 import orjson
 
-from pulse.cli_types import InDir, InFile, Number, OutDir, check_socket_path, count, seconds
+from pulse.cli_types import InDir, InFile, KeepDir, Number, OutDir, check_socket_path, count, seconds
 from pulse.errors import ConfigError
 from pulse.settings import Settings
 
@@ -47,7 +47,7 @@ def _report(opts: _Opts, summary: dict[str, Any]) -> None:
 @click.option("--linger-ms", type=count(0, 60_000), default=5, show_default=True, help="Batching delay of the producer.")
 @click.option("--coalesce-ms", type=Number(float, 0.0, 60_000.0), default=20.0, show_default=True,
               help="Merge a NIC's consecutive epoch batches into one message for up to this long (0 = off).")
-@click.option("--spool-dir", type=click.Path(file_okay=False), help="Disk spool (default PULSE_SPOOL_DIR).")
+@click.option("--spool-dir", type=KeepDir(), help="Disk spool (default PULSE_SPOOL_DIR).")
 @click.option("--spool-max-bytes", type=count(0, 2**50), help="Spool bound (default PULSE_SPOOL_MAX_BYTES).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.pass_context

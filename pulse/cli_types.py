@@ -148,8 +148,12 @@ class KeepDir(OutDir):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         p = Path(os.fsdecode(value))
-        if p.is_dir() and os.access(p, os.W_OK | os.X_OK):
-            return p
+        _check_name(p, param, ctx, self.fail)
+        try:
+            if stat.S_ISDIR(os.stat(p).st_mode) and os.access(p, os.W_OK | os.X_OK):
+                return p
+        except OSError:
+            pass  # absent, or a loop: OutDir says which
         return Path(super().convert(value, param, ctx))
 
 

@@ -33,7 +33,7 @@ def _settings(broker: str | None, prefix: str | None, partitions: int | None, wo
 @click.option("--health-file", type=click.Path(dir_okay=False), default=None,
               help="The health file the worker writes and --health reads "
                    "(default PULSE_DATA_DIR/worker-<worker id>.health.json).")
-@click.option("--max-lag", type=click.IntRange(min=0), default=None,
+@click.option("--max-lag", type=count(0), default=None,
               help="With --health: most messages the group may be behind on its input topics [100000].")
 @click.option("--max-age", type=Number(float, 1.0, 7 * 86400.0), default=None,
               help="With --health: oldest health record, in seconds, from a live worker [30].")
