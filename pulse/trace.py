@@ -12,6 +12,12 @@ Layout::
 Batches inside a NIC file are in ``batch_seq`` order. A record cut short at the end of a
 file (a writer that died) is reported by :class:`TraceError` naming the file and offset,
 unless the reader is told to ``tolerate_truncation``, in which case it is counted.
+
+meta.json is written first with ``"complete": false`` and replaced atomically by the final
+one at a clean close, so a trace whose writer was killed says so (:attr:`TraceReader.complete`);
+a writer never appends to an existing trace. Every file the reader opens must be a regular
+file (a FIFO would block it, /dev/zero never ends), and a batch must belong to the NIC its
+path names.
 """
 
 from __future__ import annotations

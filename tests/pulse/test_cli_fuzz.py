@@ -299,3 +299,58 @@ def test_outputs_are_never_appended_to(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, [*args, "--force"])
     assert res.exit_code == 0, res.output
     assert {p: p.stat().st_size for p in (tmp_path / "t").rglob("*") if p.is_file()} == files
+
+
+# ---- damaged trace directories ------------------------------------------------------------
+
+def _trace(root: Path) -> Path:
+    """A tiny valid trace to damage: one NIC file, one event, meta.json."""
+    import numpy as np
+
+    from pulse.events import CommEvent
+    from pulse.samples import EpochBatch
+    from pulse.trace import TraceWriter
+    t = root / "trace"
+    with TraceWriter(t, job="j", epoch_ns=32_000) as w:
+        w.write_batch(EpochBatch(node="node-00", nic="mlx5_0", job="j", t0_ns=1_000_000_000, epoch_ns=32_000,
+                                 batch_seq=0, flow=np.zeros(1, np.uint32), epoch=np.zeros(1, np.uint32),
+                                 tx_bytes=np.full(1, 100, np.uint32)))
+        w.write_event(CommEvent(job="j", node="node-00", pid=1, comm_id="c1", rank=0, nranks=1))
+    return t
+
+
+def _meta(t: Path, **kw: object) -> None:
+    import orjson
+    m = orjson.loads((t / "meta.json").read_bytes())
+    (t / "meta.json").write_bytes(orjson.dumps({**m, **kw}))
+
+
+def _replace_with_fifo(p: Path) -> None:
+    p.unlink()
+    os.mkfifo(p)
+
+
+TRACE_DAMAGE = {
+    "batches-fifo": lambda t: _replace_with_fifo(t / "samples" / "node-00" / "mlx5_0.batches"),
+    "events-fifo": lambda t: _replace_with_fifo(t / "hook-events.jsonl"),
+    "meta-fifo": lambda t: _replace_with_fifo(t / "meta.json"),
+    "batches-dev-zero": lambda t: ((t / "samples" / "node-00" / "mlx5_0.batches").unlink(),
+                                   os.symlink("/dev/zero", t / "samples" / "node-00" / "mlx5_0.batches")),
+    "samples-a-file": lambda t: (__import__("shutil").rmtree(t / "samples"), (t / "samples").write_bytes(b"x")),
+    "samples-link-to-self": lambda t: (__import__("shutil").rmtree(t / "samples"), os.symlink(".", t / "samples")),
+    "epoch-ns-text": lambda t: _meta(t, epoch_ns="abc"),
+    "epoch-ns-negative": lambda t: _meta(t, epoch_ns=-5),
+    "epoch-ns-huge": lambda t: _meta(t, epoch_ns=1e30),
+    "job-not-text": lambda t: _meta(t, job=5),
+    "meta-not-json": lambda t: (t / "meta.json").write_bytes(b"{nope"),
+}
+
+
+@pytest.mark.parametrize("command", ["diagnose", "report"])
+@pytest.mark.parametrize("damage", sorted(TRACE_DAMAGE))
+def test_damaged_trace_directories_are_refused_in_one_line(tmp_path: Path, damage: str, command: str) -> None:
+    t = _trace(tmp_path)
+    TRACE_DAMAGE[damage](t)
+    res = _run([command, str(t)], tmp_path)
+    _check(res, str(t))
+    assert res.exit_code == 1
