@@ -44,6 +44,16 @@ def _evidence_table(console: Any, evidence: Any) -> None:
     console.print(t)
 
 
+def _print_insufficient(console: Any, title: str, verdicts: list[Verdict]) -> None:
+    """One line per node whose input was incomplete (its first such verdict)."""
+    seen: set[tuple[str, ...]] = set()
+    for v in verdicts:
+        if v.status == "insufficient-data" and tuple(v.nodes) not in seen:
+            seen.add(tuple(v.nodes))
+            why = v.evidence.get("reason") if isinstance(v.evidence, dict) else v.evidence
+            console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {why}")
+
+
 def _print_incidents(console: Any, incidents: list[Incident], n_verdicts: int) -> None:
     """The incidents of a run, one block each (its final state and evidence)."""
     latest: dict[str, Incident] = {}
@@ -75,8 +85,7 @@ def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
                       f"  nics={','.join(v.nics) or '-'} ranks={v.ranks} confidence={v.confidence:.2f}"
                       f"  first seen {_fmt_ns(v.first_seen_ns)} (trace clock)")
         _evidence_table(console, v.evidence)
-    for v in others:
-        console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {v.evidence}")
+    _print_insufficient(console, title, others)
 
 
 def _damage_line(d: dict[str, Any]) -> str:
@@ -121,6 +130,7 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
         _print_verdicts(console, "pulse", res.verdicts)
     else:
         _print_incidents(console, res.incidents, len(res.verdicts))
+        _print_insufficient(console, "pulse", res.verdicts)
     if res.baseline is not None:
         _print_verdicts(console, "baseline", res.baseline)
 

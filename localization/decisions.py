@@ -61,6 +61,9 @@ def make_hypothesis(p: LocalizeParams, kind: str, level: str, nodes: tuple[str, 
     return inc
 
 
+_NO_DATA = frozenset({"no_epoch_data"})
+
+
 class DecisionBook:
     """Open incidents of one job, and when the hypotheses were last evaluated."""
 
@@ -108,6 +111,17 @@ class DecisionBook:
                     # input: its insufficient-data verdict says so instead. (Missing input only
                     # shortens a node's ACT, so it cannot make that node look slow.)
                     continue
+                unseen = [n for n in inc.nodes if n not in ev.data_end] if ev.data_end else []
+                if inc.kind.endswith("-stop") and unseen:
+                    # Not one epoch batch from the node: a stop cannot be told from input
+                    # that never arrived (no capture there, a lost directory, a wrong name).
+                    for n in unseen:
+                        if self._told_degraded.get(n) != _NO_DATA:
+                            self._told_degraded[n] = _NO_DATA
+                            out.append(verdict(job, ev, "insufficient-data", None, "node", (n,), [], [], 0.5,
+                                               {"reason": f"no epoch data from {n}: its traffic was never seen",
+                                                "degraded": {"no_epoch_data": 1}}, {}, ev.last_end_ns))
+                    continue
                 self.open[key] = inc
                 self.any_alarm = True
                 out.append(anomaly(job, ev, inc))
@@ -139,9 +153,11 @@ class DecisionBook:
     def healthy(self, job: str, ev: Evidence) -> Verdict:
         self.since_healthy = 0
         nodes = sorted({node_of(k[0]) for k in ev.links.obs} - ev.insufficient)
-        extra: dict[str, Any] = {"degraded": dict(ev.degraded)} if ev.degraded else {}
+        degraded = {**{n: {"no_epoch_data": 1} for n, k in self._told_degraded.items() if k == _NO_DATA},
+                    **ev.degraded}
+        extra: dict[str, Any] = {"degraded": degraded} if degraded else {}
         # Missing input lowers the confidence that nothing is wrong: a fault may hide in it.
-        return verdict(job, ev, "healthy", None, None, tuple(nodes), [], [], 0.5 if ev.degraded else 0.9,
+        return verdict(job, ev, "healthy", None, None, tuple(nodes), [], [], 0.5 if degraded else 0.9,
                        {"judged_nodes": len(nodes), "closed_ops": ev.closed_ops, **extra},
                        {"ops": ev.closed_ops}, ev.last_end_ns)
 

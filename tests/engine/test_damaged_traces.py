@@ -176,3 +176,23 @@ def test_baseline_without_its_input_is_an_error(bases: dict[str, Path], tmp_path
     (t / "oplevel.jsonl").unlink()
     r = CliRunner().invoke(main, ["diagnose", "--baseline", str(t)])
     assert r.exit_code == 1 and "oplevel.jsonl" in r.output
+
+
+@pytest.mark.parametrize("base", ["healthy", "nic-slow"])
+def test_a_node_without_any_epoch_data_is_insufficient_never_stopped(bases: dict[str, Path],
+                                                                     clean: dict[str, DiagnoseResult],
+                                                                     tmp_path: Path, base: str) -> None:
+    """samples/<node> gone (a capture that never ran there): its descriptors still say it
+    takes part, but a stop cannot be concluded from traffic that was never seen."""
+    import shutil
+
+    node = bystander(bases[base])
+    t = M.copy(bases[base], tmp_path / "nodata")
+    shutil.rmtree(t / "samples" / node)
+    res = diagnose(t)
+    assert node in insufficient(res)
+    assert not any(node in nodes for _, nodes in anomalies(res))
+    assert anomalies(res) <= anomalies(clean[base])
+    assert all(v.confidence <= 0.5 for v in res.verdicts if v.status == "healthy")
+    r = CliRunner().invoke(main, ["diagnose", str(t)])
+    assert r.exit_code == 0 and f"insufficient data for {node}" in r.output
