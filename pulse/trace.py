@@ -34,7 +34,7 @@ import orjson
 
 from pulse import events as _events
 from pulse import samples as _samples
-from pulse.errors import DecodeError, TraceError
+from pulse.errors import DecodeError, EncodeError, TraceError
 from pulse.records import OpLevel, decode_oplevel
 from pulse.settings import MAX_EPOCH_NS, MIN_EPOCH_NS
 
@@ -283,8 +283,11 @@ class TraceReader:
             if self.meta.get("v") != 1:
                 raise TraceError(f"{meta_path}: trace version {self.meta.get('v')!r}, this Pulse reads 1")
             job = self.meta.get("job")
-            if job is not None and not isinstance(job, str):
-                raise TraceError(f"{meta_path}: field 'job' must be a string, not {job!r}")
+            if job is not None:
+                try:
+                    _samples.check_name("job", job, allow_empty=True)
+                except EncodeError as exc:
+                    raise TraceError(f"{meta_path}: field {exc}") from None
             ens = self.meta.get("epoch_ns")
             if ens is not None and (type(ens) is not int or not MIN_EPOCH_NS <= ens <= MAX_EPOCH_NS):
                 raise TraceError(f"{meta_path}: field 'epoch_ns' must be an integer in "

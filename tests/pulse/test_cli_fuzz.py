@@ -342,6 +342,7 @@ TRACE_DAMAGE = {
     "epoch-ns-negative": lambda t: _meta(t, epoch_ns=-5),
     "epoch-ns-huge": lambda t: _meta(t, epoch_ns=1e30),
     "job-not-text": lambda t: _meta(t, job=5),
+    "job-a-path": lambda t: _meta(t, job="../../etc"),
     "meta-not-json": lambda t: (t / "meta.json").write_bytes(b"{nope"),
 }
 
