@@ -10,6 +10,7 @@ import click
 import orjson
 from pulse.localization import LocalizeParams
 
+from pulse.cli_types import InDir, KeepDir, count
 from pulse.records import Incident, Verdict
 
 
@@ -43,6 +44,16 @@ def _evidence_table(console: Any, evidence: Any) -> None:
     console.print(t)
 
 
+def _print_insufficient(console: Any, title: str, verdicts: list[Verdict]) -> None:
+    """One line per node whose input was incomplete (its first such verdict)."""
+    seen: set[tuple[str, ...]] = set()
+    for v in verdicts:
+        if v.status == "insufficient-data" and tuple(v.nodes) not in seen:
+            seen.add(tuple(v.nodes))
+            why = v.evidence.get("reason") if isinstance(v.evidence, dict) else v.evidence
+            console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {why}")
+
+
 def _print_incidents(console: Any, incidents: list[Incident], n_verdicts: int) -> None:
     """The incidents of a run, one block each (its final state and evidence)."""
     latest: dict[str, Incident] = {}
@@ -74,12 +85,24 @@ def _print_verdicts(console: Any, title: str, verdicts: list[Verdict]) -> None:
                       f"  nics={','.join(v.nics) or '-'} ranks={v.ranks} confidence={v.confidence:.2f}"
                       f"  first seen {_fmt_ns(v.first_seen_ns)} (trace clock)")
         _evidence_table(console, v.evidence)
-    for v in others:
-        console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {v.evidence}")
+    _print_insufficient(console, title, others)
+
+
+def _damage_line(d: dict[str, Any]) -> str:
+    parts = []
+    if d.get("incomplete"):
+        parts.append("incomplete trace (its writer did not finish" + (f": {d['error']}" if d.get("error") else "")
+                     + ")")
+    if d.get("truncated_records"):
+        parts.append(f"read up to the last whole record, cut {d['truncated_records']} partial record(s), "
+                     f"{d.get('truncated_bytes', 0)} bytes")
+    for node, gaps in (d.get("nodes") or {}).items():
+        parts.append(f"{node}: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(gaps.items())))
+    return "; ".join(parts)
 
 
 @click.command("diagnose")
-@click.argument("trace_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("trace_dir", type=InDir())
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines on stdout: every incident state change (with --verdicts: every verdict).")
 @click.option("--verdicts", "show_verdicts", is_flag=True,
@@ -92,6 +115,8 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
     from .diagnose import diagnose as run
 
     res = run(trace_dir, LocalizeParams(), baseline=baseline)
+    if res.damage:  # on stderr in both modes: --json consumers read records on stdout
+        click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
     if as_json:
         out = sys.stdout.buffer
         records: list[Any] = list(res.verdicts) if show_verdicts else list(res.incidents)
@@ -105,6 +130,7 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
         _print_verdicts(console, "pulse", res.verdicts)
     else:
         _print_incidents(console, res.incidents, len(res.verdicts))
+        _print_insufficient(console, "pulse", res.verdicts)
     if res.baseline is not None:
         _print_verdicts(console, "baseline", res.baseline)
 
@@ -150,13 +176,13 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
 @click.command("eval")
 @click.option("--scenarios", "scenarios", default=None,
               help="Comma-separated scenario names (default: the whole battery).")
-@click.option("--seeds", default=3, show_default=True, type=int, help="Seeds per anomaly scenario.")
-@click.option("--healthy-seeds", default=10, show_default=True, type=int,
+@click.option("--seeds", default=3, show_default=True, type=count(1, 1000), help="Seeds per anomaly scenario.")
+@click.option("--healthy-seeds", default=10, show_default=True, type=count(0, 10_000),
               help="Seeds of the healthy scenario (at least --seeds).")
 @click.option("--workload", type=click.Choice(["dense", "moe"]), default=None,
               help="Workload for every scenario (default: each scenario's own).")
-@click.option("--jobs", default=2, show_default=True, type=int, help="Worker processes.")
-@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--jobs", default=2, show_default=True, type=count(1, 256), help="Worker processes.")
+@click.option("--keep", type=KeepDir(), default=None,
               help="Keep (and reuse) the simulated traces in this directory instead of a temp dir.")
 @click.option("--sim-arg", "sim_args", multiple=True, help="Extra argument passed to `pulse sim` (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")

@@ -16,6 +16,7 @@ from typing import Any
 from pulse.localization import LocalizeParams, baseline_localize
 from pulse.segmentation import SegmentParams
 
+from pulse.errors import TraceError
 from pulse.events import HookEvent
 from pulse.records import Incident, OpMetrics, Verdict
 from pulse.samples import EpochBatch
@@ -39,6 +40,10 @@ class DiagnoseResult:
     n_events: int
     incidents: list[Incident] = dataclasses.field(default_factory=list)
     """Every incident state change (open, updated, resolved), in order."""
+    damage: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """What of the input could not be used: ``incomplete`` (the writer did not finish, with
+    its ``error`` if it recorded one), ``truncated_records`` / ``truncated_bytes`` cut at the
+    end of files; empty for a whole trace."""
 
     @property
     def anomalies(self) -> list[Verdict]:
@@ -48,13 +53,15 @@ class DiagnoseResult:
         return {"trace": self.trace, "job": self.job, "operators": len(self.metrics), "events": self.n_events,
                 "verdicts": [v.to_dict() for v in self.verdicts],
                 "baseline": None if self.baseline is None else [v.to_dict() for v in self.baseline],
-                "incidents": [i.to_dict() for i in self.incidents]}
+                "incidents": [i.to_dict() for i in self.incidents], "damage": self.damage}
 
 
-def run_engine(reader: TraceReader, engine: JobEngine, *, chunk_ns: int = CHUNK_NS) -> int:
+def run_engine(reader: TraceReader, engine: JobEngine, *, chunk_ns: int = CHUNK_NS,
+               stats: dict[str, int] | None = None) -> int:
     """Feed a trace to ``engine`` in publishing order, ``chunk_ns`` of trace time per call,
-    then finish it; returns the number of hook events fed."""
-    setup, timed = reader.timeline()
+    then finish it; returns the number of hook events fed. A record cut short at the end of
+    a file (a writer that was killed) ends that file: ``stats`` counts what was cut."""
+    setup, timed = reader.timeline(tolerate_truncation=True, stats=stats)
     engine.feed(setup)
     n_events = len(setup)
     events: list[HookEvent] = []
@@ -82,10 +89,29 @@ def diagnose(trace_dir: str | Path, params: LocalizeParams | None = None, *, bas
     """Run the job engine on a trace directory; with ``baseline`` also the operator-level
     baseline on its oplevel.jsonl."""
     reader = TraceReader(trace_dir)
+    if baseline and not (reader.path / "oplevel.jsonl").is_file():
+        raise TraceError(f"{trace_dir}: no oplevel.jsonl, which the operator-level baseline reads")
     engine = JobEngine(segment_params, params)
-    n_events = run_engine(reader, engine, chunk_ns=chunk_ns)
+    stats: dict[str, int] = {}
+    n_events = run_engine(reader, engine, chunk_ns=chunk_ns, stats=stats)
+    damage: dict[str, Any] = {k: v for k, v in stats.items() if k != "batches" and v}
+    nodes = {node: g for node in sorted(engine.segment.nodes) if (g := engine.segment.gaps(node))}
+    nodes.update({n: g for n, g in engine.segment.damage.items() if n not in nodes and g})
+    if nodes:
+        damage["nodes"] = nodes
+    if not reader.complete:
+        damage["incomplete"] = True
+        if reader.meta.get("error"):
+            damage["error"] = str(reader.meta["error"])
+    if not engine.metrics:
+        # Nothing segmented is not "no anomaly": the trace says nothing about the job.
+        why = "its writer did not finish" + (f" ({damage['error']})" if "error" in damage else "") \
+            if "incomplete" in damage else "no operator could be segmented"
+        raise TraceError(f"{trace_dir}: nothing to diagnose ({stats.get('batches', 0)} epoch batches, "
+                         f"{n_events} hook events; {why})")
     job = str(reader.meta.get("job") or next(iter(engine.localize.jobs), ""))
     base = None
     if baseline:
         base = baseline_localize(reader.oplevel(), params, job=job)
-    return DiagnoseResult(str(trace_dir), job, engine.verdicts, base, engine.metrics, n_events, engine.incidents)
+    return DiagnoseResult(str(trace_dir), job, engine.verdicts, base, engine.metrics, n_events, engine.incidents,
+                          damage)

@@ -11,6 +11,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pulse.localization import LocalizeParams, ScenarioScore, Summary, score, summarize
 
 from pulse.errors import ConfigError
@@ -86,11 +87,19 @@ def simulate(run: Run, out: Path) -> None:
     main(args, standalone_mode=False)
 
 
+def _complete(trace: Path) -> bool:
+    """A kept trace is reused only when its writer finished it."""
+    try:
+        return orjson.loads((trace / "meta.json").read_bytes()).get("complete", True) is True
+    except (OSError, orjson.JSONDecodeError, AttributeError):
+        return False
+
+
 def run_one(run: Run, params: LocalizeParams, keep: Path | None = None) -> list[ScenarioScore]:
     tmp = Path(tempfile.mkdtemp(prefix="pulse-eval-"))
     try:
         trace = (keep / f"{run.scenario}-{run.workload}-s{run.seed}") if keep else tmp / "trace"
-        if not (keep and (trace / "meta.json").exists()):
+        if not (keep and _complete(trace)):
             if trace.exists():
                 shutil.rmtree(trace)
             simulate(run, trace)

@@ -85,6 +85,8 @@ class LocalizeStage:
                     self.localizer.add_events(hooks)
                     hooks = []
                 self.localizer.observe_data_end(e.node, e.end_ns)
+                if e.gaps:
+                    self.localizer.observe_gaps(e.node, e.gaps)
                 self.data_end = max(self.data_end, e.end_ns)
             else:
                 hooks.append(e)

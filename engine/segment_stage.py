@@ -17,6 +17,14 @@ by (job, node) and in this order:
 * how far each node's data reaches (:class:`~pulse.records.DataEnd`), so that a stalled
   operator is told from one cut off by the end of the input in the stream as offline.
 
+What cannot be true is not used, and is counted per node (:attr:`SegmentStage.damage`,
+forwarded with each data end as ``gaps`` so that verdicts can say what their evidence
+lacks): a batch whose epochs start before 0 or far (``MAX_SKEW_NS``) from the data of
+the job's other nodes, bytes beyond what the fastest link carries in one epoch (clamped),
+an op event bigger than any GPU's memory. Batch_seq gaps and batches given up as late are
+the segmenters' own counts; a duplicate batch is dropped by its NIC's order and changes
+nothing.
+
 Where the two halves run in one process (``pulse diagnose``) the forwarded items go to the
 localize stage directly; in the pipeline they travel on the op-metrics topic.
 """
@@ -27,6 +35,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
 from pulse.segmentation import NodeSegmenter, SegmentParams
 
 from pulse.errors import PulseError
@@ -35,6 +44,15 @@ from pulse.records import DataEnd, OpMetrics
 from pulse.samples import EpochBatch
 
 Forward = HookEvent | DataEnd
+
+MAX_SKEW_NS = 3600 * 1_000_000_000
+"""A batch starting further than this from the job's other nodes' data is not of this job
+(node clocks are PTP-synchronised to well under a millisecond)."""
+MAX_LINK_BYTES_PER_NS = 400
+"""3.2 Tb/s, beyond any NIC port: more bytes than this in an epoch were never sent."""
+MAX_OP_BYTES = 1 << 40
+"""An operator's buffer larger than 1 TiB is beyond any GPU's memory."""
+GAP_KEYS = ("lost_batches", "late_batches")
 
 
 @dataclasses.dataclass
@@ -66,6 +84,9 @@ class SegmentStage:
         self._comms: dict[tuple[str, str, int], CommEvent] = {}
         self._jobs: dict[str, str] = {}
         self._data_end: dict[str, int] = {}
+        self.damage: dict[str, dict[str, int]] = {}
+        """node -> counts of input not used (see the module's docstring)."""
+        self._told_gaps: dict[str, dict[str, int]] = {}
         self.batches = 0
         self.rows = 0
         self.events = 0
@@ -96,6 +117,10 @@ class SegmentStage:
             self.batches += 1
             self.rows += batch.n_rows
             self._note_job(batch.node, batch.job)
+            if self._wild_time(batch):
+                self._count(batch.node, "wild_time_batches")
+                continue
+            batch = self._clamp(batch)
             try:
                 seg = self.segmenter(batch.node)
                 seg.update(batch, run=False)
@@ -106,19 +131,32 @@ class SegmentStage:
             end = batch.end_ns()
             if end > ends.get(batch.node, -(1 << 62)):
                 ends[batch.node] = end
-        for node, end in ends.items():
-            if end > self._data_end.get(node, -(1 << 62)):
-                self._data_end[node] = end
-                out.forward(self.job_of(node), node, DataEnd(job=self.job_of(node), node=node, end_ns=end))
+        self._forward_ends(ends, out)
         for seg in touched.values():
             self._emit(seg.run(), out)
         return out
 
+    def _forward_ends(self, ends: dict[str, int], out: SegmentOutput) -> None:
+        """A data end for each node whose data went further or whose gaps changed."""
+        for node in sorted(set(ends) | {n for n in self.nodes if n in self.damage or self.gaps(n)}):
+            end = max(ends.get(node, -(1 << 62)), self._data_end.get(node, -(1 << 62)))
+            gaps = self.gaps(node)
+            if end > self._data_end.get(node, -(1 << 62)) or gaps != self._told_gaps.get(node, {}):
+                if end <= -(1 << 62):
+                    continue
+                self._data_end[node] = end
+                self._told_gaps[node] = gaps
+                out.forward(self.job_of(node), node,
+                            DataEnd(job=self.job_of(node), node=node, end_ns=end, gaps=gaps or None))
+
     def finish(self) -> SegmentOutput:
         """The end of the input: every segmenter closes what it still holds."""
         out = SegmentOutput()
+        metrics: list[OpMetrics] = []
         for seg in self.nodes.values():
-            self._emit(seg.finish(), out)
+            metrics += seg.finish()
+        self._forward_ends({}, out)  # batches given up at the end are gaps too
+        self._emit(metrics, out)
         return out
 
     def _add_events(self, hooks: dict[str, list[HookEvent]], out: SegmentOutput) -> None:
@@ -140,6 +178,10 @@ class SegmentStage:
         for node, evs in hooks.items():
             self.events += len(evs)
             rest = [e for e in evs if not isinstance(e, CommEvent)]
+            bad = [e for e in rest if isinstance(e, OpEvent) and e.bytes > MAX_OP_BYTES]
+            if bad:
+                self._count(node, "impossible_ops", len(bad))
+                rest = [e for e in rest if not (isinstance(e, OpEvent) and e.bytes > MAX_OP_BYTES)]
             recvs: dict[str, OpEvent] = {}
             for e in rest:
                 self._note_job(e.node, e.job)
@@ -153,6 +195,39 @@ class SegmentStage:
                 out.forward(e.job, e.node, e)
             if rest:
                 self._emit(self.segmenter(node).add_events(rest), out)
+
+    def gaps(self, node: str) -> dict[str, int]:
+        """What of ``node``'s input was not used so far (only nonzero counts)."""
+        out = dict(self.damage.get(node, {}))
+        seg = self.nodes.get(node)
+        if seg is not None:
+            for k in GAP_KEYS:
+                n = int(getattr(seg.stats, k, 0) or 0)
+                if n:
+                    out[k] = n
+        return out
+
+    def _count(self, node: str, what: str, n: int = 1) -> None:
+        d = self.damage.setdefault(node, {})
+        d[what] = d.get(what, 0) + n
+
+    def _wild_time(self, b: EpochBatch) -> bool:
+        if b.t0_ns < 0 or b.end_ns() >= 1 << 62:
+            return True
+        ref = sorted(end for node, end in self._data_end.items()
+                     if node != b.node and self._jobs.get(node, "") == b.job)
+        return bool(ref) and abs(b.t0_ns - ref[len(ref) // 2]) > MAX_SKEW_NS
+
+    def _clamp(self, b: EpochBatch) -> EpochBatch:
+        cap = min(MAX_LINK_BYTES_PER_NS * b.epoch_ns, 0xFFFFFFFF)
+        over = int(np.count_nonzero(b.tx_bytes > cap))
+        rx_over = 0 if b.rx_bytes is None else int(np.count_nonzero(b.rx_bytes > cap))
+        if not (over or rx_over):
+            return b
+        self._count(b.node, "clamped_rows", max(over, rx_over))
+        return dataclasses.replace(b, tx_bytes=np.minimum(b.tx_bytes, cap).astype(b.tx_bytes.dtype),
+                                   rx_bytes=None if b.rx_bytes is None
+                                   else np.minimum(b.rx_bytes, cap).astype(b.rx_bytes.dtype))
 
     def _note_job(self, node: str, job: str) -> None:
         if job:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from pulse.cli_types import InFile, KeepDir, check_socket_path, count, seconds
 from pulse.errors import ConfigError, DecodeError
 from pulse.events import HookEvent
 
@@ -36,7 +37,7 @@ def hooks() -> None:
 
 
 @hooks.command()
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--out", "out_dir", type=KeepDir(), default=None,
               help="Directory for libnccl-profiler-pulse.so (default: a per-user cache).")
 @click.option("--force", is_flag=True, help="Rebuild even when the cached build is up to date.")
 def build(out_dir: str | None, force: bool) -> None:
@@ -51,9 +52,9 @@ def build(out_dir: str | None, force: bool) -> None:
 
 
 @hooks.command("parse-log")
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=InFile(allow_fifo=True, allow_missing=True))
 @click.option("--follow", "-f", is_flag=True, help="Keep reading as the file grows (Ctrl-C to stop).")
-@click.option("--idle-exit", type=float, default=None, metavar="SECONDS",
+@click.option("--idle-exit", type=seconds(), default=None, metavar="SECONDS",
               help="With --follow: stop after this many seconds without new lines.")
 @click.option("--json", "as_json", is_flag=True, help="Print hook events as JSON lines on stdout.")
 @click.option("--job", default="", help="Job name to put in the events.")
@@ -72,7 +73,7 @@ def parse_log(file: str, follow: bool, idle_exit: float | None, as_json: bool, j
         _summary(file, counts, parser.stats)
         return
     if not Path(file).is_file():
-        raise ConfigError(f"{file}: no such file")
+        raise ConfigError(f"{file}: not a regular file (a FIFO or stream needs --follow)")
     events, parser = parse_file(file, job=job, node=node)
     counts = _emit(events, as_json)
     _summary(file, counts, {**parser.stats, "net_channels": len(parser.channels)})
@@ -98,11 +99,11 @@ def _flag(file: str, malformed: list[str], notes: list[str], readable: int) -> N
 
 
 @hooks.command("rdma-res")
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file", type=InFile(allow_dash=True))
 @click.option("--node", required=True, help="Node the output was taken on.")
 @click.option("--job", default="", help="Job name to put in the events.")
-@click.option("--pid", "pids", type=int, multiple=True, help="Keep only QPs of this process (repeatable).")
-@click.option("--log", "logs", type=click.Path(dir_okay=False, exists=True), multiple=True,
+@click.option("--pid", "pids", type=count(0, 2**22), multiple=True, help="Keep only QPs of this process (repeatable).")
+@click.option("--log", "logs", type=InFile(), multiple=True,
               help="NCCL log of this node: bind QPs to NET connections where that is unambiguous.")
 @click.option("--json", "as_json", is_flag=True, help="Print flow events as JSON lines on stdout.")
 def rdma_res(file: str, node: str, job: str, pids: tuple[int, ...], logs: tuple[str, ...], as_json: bool) -> None:
@@ -130,7 +131,7 @@ def rdma_res(file: str, node: str, job: str, pids: tuple[int, ...], logs: tuple[
 
 
 @hooks.command("rdma-stat")
-@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("file", type=InFile(allow_dash=True))
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object per counter set on stdout.")
 def rdma_stat(file: str, as_json: bool) -> None:
     """Read `rdma statistic qp show` output (FILE or - for stdin): per-QP counters where the
@@ -154,9 +155,9 @@ def rdma_stat(file: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print hook events as JSON lines on stdout.")
 @click.option("--job", default="", help="Job name to put in the events.")
 @click.option("--node", default=None, help="Node name (default: the host name the plugin recorded).")
-@click.option("--timeout", type=float, default=None, metavar="SECONDS",
+@click.option("--timeout", type=seconds(), default=None, metavar="SECONDS",
               help="Socket mode: stop after this many seconds without a datagram.")
-@click.option("--max-datagrams", type=int, default=None, help="Socket mode: stop after this many datagrams.")
+@click.option("--max-datagrams", type=count(1), default=None, help="Socket mode: stop after this many datagrams.")
 def read_plugin(path: str, as_json: bool, job: str, node: str | None, timeout: float | None,
                 max_datagrams: int | None) -> None:
     """Decode the profiler plugin's records: a .rec FILE, or a SOCKET path to bind and
@@ -168,8 +169,11 @@ def read_plugin(path: str, as_json: bool, job: str, node: str | None, timeout: f
         events, stats = read_plugin_file(p, job=job, node=node)
         _summary(path, _emit(events, as_json), stats)
         return
-    if p.exists() and not p.is_socket():
-        raise ConfigError(f"{path}: neither a record file nor a socket")
+    fresh = not p.exists()
+    check_socket_path(p)
+    if fresh:
+        click.echo(f"{path}: listening on a new datagram socket"
+                   + (f" until {timeout:g} s without data" if timeout else " (Ctrl-C stops)"), err=True)
     dec = PluginDecoder(job=job, node=node)
     counts: dict[str, int] = {}
     try:

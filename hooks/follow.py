@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import codecs
 import os
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,12 @@ def follow_lines(path: str | os.PathLike[str], *, poll: float = 0.2, idle_timeou
     for. Stops after ``idle_timeout`` seconds without new data (never when None), then
     yields the unterminated last line, if any."""
     p = Path(path)
+    try:
+        if stat.S_ISFIFO(os.stat(p).st_mode):
+            yield from _follow_fifo(p, poll=poll, idle_timeout=idle_timeout)
+            return
+    except FileNotFoundError:
+        pass
     fh = None
     ino = None
     partial = ""
@@ -53,5 +61,35 @@ def follow_lines(path: str | os.PathLike[str], *, poll: float = 0.2, idle_timeou
     finally:
         if fh is not None:
             fh.close()
+    if partial:
+        yield [partial]
+
+
+def _follow_fifo(p: Path, *, poll: float, idle_timeout: float | None) -> Iterator[list[str]]:
+    """A FIFO has no size and blocks an ordinary open or read until a writer comes: read it
+    without blocking so that ``idle_timeout`` holds whether or not anyone writes."""
+    fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    partial = ""
+    last = time.monotonic()
+    try:
+        while True:
+            try:
+                data = os.read(fd, 1 << 20)
+            except BlockingIOError:
+                data = b""
+            if data:
+                last = time.monotonic()
+                lines = (partial + dec.decode(data)).split("\n")
+                partial = lines.pop()
+                if lines:
+                    yield lines
+                continue
+            if idle_timeout is not None and time.monotonic() - last >= idle_timeout:
+                break
+            time.sleep(poll)
+    finally:
+        os.close(fd)
+    partial += dec.decode(b"", final=True)
     if partial:
         yield [partial]

@@ -197,7 +197,7 @@ def prepare_trace(inp: LabInput, out: Path, *, epoch_ns: int = DEFAULT_EPOCH_NS,
 
     out.mkdir(parents=True, exist_ok=True)
     kept_ops = 0
-    with TraceWriter(out, job=inp.job, epoch_ns=epoch_ns,
+    with TraceWriter(out, job=inp.job, epoch_ns=epoch_ns, replace=True,
                      meta={"source": "lab", "ring": ring, "first_seq": first, "comm_id": comm_id}) as tw:
         for b in conv.batches:
             node = node_of_addr.get(b.node)

@@ -12,6 +12,7 @@ from typing import Any
 import click
 from pulse.lab.analysis import LAB_EPOCH_NS
 
+from pulse.cli_types import InDir, OutDir
 from pulse.errors import ConfigError
 
 
@@ -59,7 +60,7 @@ def lab() -> None:
               help="Epoch length for the capture's per-flow bytes.")
 @click.option("--width", default=768, show_default=True, type=click.IntRange(16, 8192),
               help="Hidden width of the DDP job's MLP (sets the gradient bytes per step).")
-@click.option("--keep", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--keep", type=OutDir(force_param=None), default=None,
               help="Keep the capture, hook files, trace directory and run.json here.")
 @click.option("--timeout", default=600, show_default=True, type=click.IntRange(10, 7200),
               help="Seconds the job may run.")
@@ -80,6 +81,7 @@ def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: in
     if warmup >= min(steps, fault_after if f.kind != "none" else steps):
         raise ConfigError(f"--warmup {warmup} leaves no healthy steps to analyse")
     require_root()
+    keep = Path(keep) if keep is not None else None
     workdir = keep if keep is not None else Path(tempfile.mkdtemp(prefix="pulse-lab-"))
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise ConfigError(f"--keep {keep}: directory exists and is not empty")
@@ -100,7 +102,7 @@ def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: in
 
 
 @lab.command("analyze")
-@click.argument("workdir", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("workdir", type=InDir())
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100))
 @click.option("--epoch-us", default=LAB_EPOCH_NS // 1000, show_default=True, type=click.IntRange(1, 100_000))
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")

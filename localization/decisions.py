@@ -61,6 +61,9 @@ def make_hypothesis(p: LocalizeParams, kind: str, level: str, nodes: tuple[str, 
     return inc
 
 
+_NO_DATA = frozenset({"no_epoch_data"})
+
+
 class DecisionBook:
     """Open incidents of one job, and when the hypotheses were last evaluated."""
 
@@ -71,6 +74,7 @@ class DecisionBook:
         self.since_healthy = 0
         self._hyps: dict[Key, Hypothesis] = {}
         self._hyps_at: int | None = None
+        self._told_degraded: dict[str, frozenset[str]] = {}
 
     def decide(self, ev: Evidence, touched: set[str], job: str, final: bool,
                hypotheses: Callable[[], dict[Key, Hypothesis]]) -> list[Verdict]:
@@ -84,6 +88,13 @@ class DecisionBook:
                 out.append(verdict(job, ev, "insufficient-data", None, "node", (node,), [], [], 0.5,
                                    {"reason": f"no operator records from {node} in {c} operators its peers completed"},
                                    {"ops": c}, ev.last_end_ns))
+        for node, gaps in ev.degraded.items():
+            if self._told_degraded.get(node) != frozenset(gaps):
+                self._told_degraded[node] = frozenset(gaps)
+                out.append(verdict(job, ev, "insufficient-data", None, "node", (node,), [], [], 0.5,
+                                   {"reason": f"input of {node} incomplete: "
+                                    + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in sorted(gaps.items())),
+                                    "degraded": gaps}, {}, ev.last_end_ns))
         # Hypotheses only change when some window holds evidence (or an incident may clear).
         if not (ev.busy() or self.open):
             self._hyps, self._hyps_at = {}, None
@@ -95,6 +106,22 @@ class DecisionBook:
             if cur is None:
                 if any(k[0] != key[0] and set(key[1]) <= set(k[1]) for k in self.open):
                     continue  # one fault per node at a time: the open incident explains it
+                if (inc.kind.endswith("-stop") or inc.level == "group") and any(n in ev.degraded for n in inc.nodes):
+                    # A stop, or a path seen from both ends, may be made of the node's missing
+                    # input: its insufficient-data verdict says so instead. (Missing input only
+                    # shortens a node's ACT, so it cannot make that node look slow.)
+                    continue
+                unseen = [n for n in inc.nodes if n not in ev.data_end] if ev.data_end else []
+                if inc.kind.endswith("-stop") and unseen:
+                    # Not one epoch batch from the node: a stop cannot be told from input
+                    # that never arrived (no capture there, a lost directory, a wrong name).
+                    for n in unseen:
+                        if self._told_degraded.get(n) != _NO_DATA:
+                            self._told_degraded[n] = _NO_DATA
+                            out.append(verdict(job, ev, "insufficient-data", None, "node", (n,), [], [], 0.5,
+                                               {"reason": f"no epoch data from {n}: its traffic was never seen",
+                                                "degraded": {"no_epoch_data": 1}}, {}, ev.last_end_ns))
+                    continue
                 self.open[key] = inc
                 self.any_alarm = True
                 out.append(anomaly(job, ev, inc))
@@ -126,8 +153,12 @@ class DecisionBook:
     def healthy(self, job: str, ev: Evidence) -> Verdict:
         self.since_healthy = 0
         nodes = sorted({node_of(k[0]) for k in ev.links.obs} - ev.insufficient)
-        return verdict(job, ev, "healthy", None, None, tuple(nodes), [], [], 0.9,
-                       {"judged_nodes": len(nodes), "closed_ops": ev.closed_ops},
+        degraded = {**{n: {"no_epoch_data": 1} for n, k in self._told_degraded.items() if k == _NO_DATA},
+                    **ev.degraded}
+        extra: dict[str, Any] = {"degraded": degraded} if degraded else {}
+        # Missing input lowers the confidence that nothing is wrong: a fault may hide in it.
+        return verdict(job, ev, "healthy", None, None, tuple(nodes), [], [], 0.5 if degraded else 0.9,
+                       {"judged_nodes": len(nodes), "closed_ops": ev.closed_ops, **extra},
                        {"ops": ev.closed_ops}, ev.last_end_ns)
 
 
@@ -137,6 +168,9 @@ def anomaly(job: str, ev: Evidence, inc: Hypothesis) -> Verdict:
     evidence: dict[str, Any] = {"rule": dict(Counter(f.kind for f in inc.findings)),
                                 "findings": [f.evidence() for f in shown],
                                 "outlier_ops": len({(f.comm_id, f.seq) for f in own}), **inc.extra}
+    degraded = {n: ev.degraded[n] for n in inc.nodes if n in ev.degraded}
+    if degraded:
+        evidence["degraded_evidence"] = degraded
     if inc.level == "group" or inc.kind in ("network-slow", "host-contention"):
         evidence["links"] = sorted({f"{f.endpoint}->{d}" for f in inc.findings for d in f.peer_eps})[:16]
     comms = sorted({f.comm_id for f in own})

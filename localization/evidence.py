@@ -235,6 +235,8 @@ class Evidence:
         """node -> closed operators in a row without its record while its peers completed."""
         self.insufficient: set[str] = set()
         """Nodes reported insufficient-data: no rule blames them."""
+        self.degraded: dict[str, dict[str, int]] = {}
+        """node -> what of its input the segmentation stage could not use (lost batches...)."""
         self.closed_ops = 0
         self.last_end_ns = 0
 

@@ -86,6 +86,11 @@ class Localizer:
         if end_ns > self.ev.data_end.get(node, -(1 << 62)):
             self.ev.data_end[node] = end_ns
 
+    def observe_gaps(self, node: str, gaps: dict[str, int]) -> None:
+        """What of ``node``'s input was not used so far (cumulative counts): verdicts say so."""
+        if gaps:
+            self.ev.degraded[node] = dict(gaps)
+
     def update(self, metrics: Iterable[OpMetrics]) -> list[Verdict]:
         touched: set[str] = set()
         for m in metrics:

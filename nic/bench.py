@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import orjson
 
+from pulse.cli_types import InFile, Number, count
 from pulse.errors import ServiceError
 
 
@@ -51,12 +52,12 @@ def _time_pulse(path: Path, epoch_ns: int) -> tuple[float, float, int, int]:
 
 
 @click.command("pcap", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--pcap", "pcap", type=click.Path(dir_okay=False, exists=True),
+@click.option("--pcap", "pcap", type=InFile(),
               help="Benchmark this file instead of a generated one.")
-@click.option("--packets", type=int, default=1_000_000, show_default=True, help="Packets to generate.")
-@click.option("--payload", type=int, default=1024, show_default=True, help="RoCE payload bytes per data packet.")
-@click.option("--epoch-us", type=float, default=32.0, show_default=True)
-@click.option("--repeat", type=int, default=5, show_default=True,
+@click.option("--packets", type=count(1, 10**9), default=1_000_000, show_default=True, help="Packets to generate.")
+@click.option("--payload", type=count(1, 9000), default=1024, show_default=True, help="RoCE payload bytes per data packet.")
+@click.option("--epoch-us", type=Number(float, 1.0, 1e6), default=32.0, show_default=True)
+@click.option("--repeat", type=count(1, 1000), default=5, show_default=True,
               help="Runs of each side, alternating which goes first; the median counts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
 def bench_pcap(pcap: str | None, packets: int, payload: int, epoch_us: float, repeat: int, as_json: bool) -> None:

@@ -9,6 +9,7 @@ import sys
 import click
 import orjson
 
+from pulse.cli_types import InFile, Number, OutDir, force_option, replace_output, seconds
 from pulse.errors import ConfigError
 from pulse.settings import MAX_EPOCH_NS, MIN_EPOCH_NS
 
@@ -32,21 +33,22 @@ def _publisher():  # type: ignore[no-untyped-def]
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--pcap", "pcap", type=click.Path(dir_okay=False), help="Read this pcap/pcapng file.")
+@click.option("--pcap", "pcap", type=InFile(), help="Read this pcap/pcapng file.")
 @click.option("--iface", help="Capture live on this interface (Linux AF_PACKET, needs root/CAP_NET_RAW).")
-@click.option("--out", type=click.Path(file_okay=False), help="Write a trace directory here.")
+@force_option()
+@click.option("--out", type=OutDir(), help="Write a trace directory here (empty or absent).")
 @click.option("--publish", is_flag=True, help="Publish batches to Kafka (live only; needs pulse.producers).")
-@click.option("--epoch-us", type=float, default=32.0, show_default=True, help="Epoch length in microseconds (>= 1).")
-@click.option("--window-ms", type=float, default=100.0, show_default=True,
+@click.option("--epoch-us", type=Number(float, 1.0, 1e6), default=32.0, show_default=True, help="Epoch length in microseconds (>= 1).")
+@click.option("--window-ms", type=Number(float, 0.001, 60_000.0), default=100.0, show_default=True,
               help="Batch window (and live flush interval) in milliseconds.")
 @click.option("--local", "local", multiple=True,
               help="A local address of the capturing node (repeatable): packets from it are tx, to it rx. "
                    "Without any, every address is its own node.")
 @click.option("--node", default=None, help="Node name for --local captures (default: the host name).")
 @click.option("--job", default="", help="Job name put in batches and events.")
-@click.option("--duration", type=float, default=None, help="Live: stop after this many seconds.")
+@click.option("--duration", type=seconds(), default=None, help="Live: stop after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
-def capture(pcap: str | None, iface: str | None, out: str | None, publish: bool, epoch_us: float,
+def capture(pcap: str | None, iface: str | None, force: bool, out: str | None, publish: bool, epoch_us: float,
             window_ms: float, local: tuple[str, ...], node: str | None, job: str,
             duration: float | None, as_json: bool) -> None:
     """Per-flow microsecond epochs from a pcap/pcapng file or a live interface.
@@ -64,6 +66,8 @@ def capture(pcap: str | None, iface: str | None, out: str | None, publish: bool,
     if window_ns < epoch_ns:
         raise ConfigError(f"--window-ms {window_ms}: must be at least one epoch")
     node_name = node or _default_node()
+    if out is not None and force:
+        replace_output(out)
     if pcap is not None:
         if publish:
             raise ConfigError("--publish is for live capture; convert a file with --out DIR")

@@ -9,11 +9,14 @@ import fcntl
 import mmap
 import os
 import select
+import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numba
 import numpy as np
@@ -227,6 +230,18 @@ def _warm_up() -> None:
     b.flush(final=True)
 
 
+def _stop_on_sigterm() -> Any:
+    """SIGTERM (systemd, kill, a container stop) ends a capture like Ctrl-C: the last
+    window is flushed and the trace closed complete. Returns the previous handler."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
                  local: Sequence[str] | None, node: str, job: str = "", duration_s: float | None = None,
                  publisher: Callable | None = None, verbose: bool = False,
@@ -249,6 +264,7 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
     iface_ids = np.zeros(0, np.int32)
     lt = np.array([rs.linktype], np.int64)
     writer = TraceWriter(out, job=job, epoch_ns=epoch_ns, meta={"source": "live", "iface": iface}) if out else None
+    failed: str | None = None
     n_batches = 0
 
     def emit(batches: list, events: list) -> None:
@@ -273,6 +289,7 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
     next_flush = start + window_ns / 1e9
     if ready is not None:
         ready()
+    old_term = _stop_on_sigterm()
     try:
         while True:
             now = time.monotonic()
@@ -285,6 +302,8 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
             if time.monotonic() >= next_flush:
                 rs.statistics()
                 emit(binner.flush(), binner.take_events())
+                if writer is not None:
+                    writer.flush()  # a capture killed now leaves every window so far readable
                 next_flush += window_ns / 1e9
                 if on_window is not None:
                     on_window({"packets": binner.packets, "flows": binner.n_flows, "drops": rs.drops,
@@ -294,6 +313,9 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
                           end="", file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         pass
+    except BaseException as exc:
+        failed = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
         # drain what the kernel still holds: retire timeout lets partly filled blocks out
         time.sleep(RETIRE_TOV_MS * 2 / 1000)
@@ -302,8 +324,10 @@ def capture_live(iface: str, *, out: str | None, epoch_ns: int, window_ns: int,
         rs.statistics()
         emit(binner.flush(final=True), binner.take_events())
         if writer is not None:
-            writer.close()
+            writer.close(error=failed)
         rs.close()
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
         if verbose:
             print(file=sys.stderr)
     summary = binner.summary()

@@ -15,6 +15,7 @@ from typing import Any
 import click
 import orjson
 
+from pulse.cli_types import InDir, InFile, KeepDir, Number, OutDir, check_socket_path, count, seconds
 from pulse.errors import ConfigError
 from pulse.settings import Settings
 
@@ -41,13 +42,13 @@ def _report(opts: _Opts, summary: dict[str, Any]) -> None:
 @click.group(context_settings=_CTX)
 @click.option("--broker", help="Kafka bootstrap host:port (default PULSE_BROKER).")
 @click.option("--topic-prefix", "prefix", help="Topic prefix (default PULSE_TOPIC_PREFIX or 'pulse').")
-@click.option("--partitions", type=int, help="Partitions of samples/hook-events when creating them.")
+@click.option("--partitions", type=count(1, 10_000), help="Partitions of samples/hook-events when creating them.")
 @click.option("--compression", type=click.Choice(["zstd", "lz4", "gzip", "none"]), default="zstd", show_default=True)
-@click.option("--linger-ms", type=int, default=5, show_default=True, help="Batching delay of the producer.")
-@click.option("--coalesce-ms", type=float, default=20.0, show_default=True,
+@click.option("--linger-ms", type=count(0, 60_000), default=5, show_default=True, help="Batching delay of the producer.")
+@click.option("--coalesce-ms", type=Number(float, 0.0, 60_000.0), default=20.0, show_default=True,
               help="Merge a NIC's consecutive epoch batches into one message for up to this long (0 = off).")
-@click.option("--spool-dir", type=click.Path(file_okay=False), help="Disk spool (default PULSE_SPOOL_DIR).")
-@click.option("--spool-max-bytes", type=int, help="Spool bound (default PULSE_SPOOL_MAX_BYTES).")
+@click.option("--spool-dir", type=KeepDir(), help="Disk spool (default PULSE_SPOOL_DIR).")
+@click.option("--spool-max-bytes", type=count(0, 2**50), help="Spool bound (default PULSE_SPOOL_MAX_BYTES).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.pass_context
 def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitions: int | None, compression: str,
@@ -82,10 +83,10 @@ async def _publish_trace(opts: _Opts, trace_dir: str, speed: float, *, rebase: b
 
 
 @produce.command("trace", context_settings=_CTX)
-@click.argument("trace_dir", type=click.Path(file_okay=False, exists=True))
+@click.argument("trace_dir", type=InDir())
 @click.option("--realtime/--fast", default=False, show_default=True,
               help="Pace by the recorded timestamps, or send as fast as possible.")
-@click.option("--speed", type=float, default=1.0, show_default=True, help="With --realtime: trace s per wall s.")
+@click.option("--speed", type=Number(float, 0.0, 1e6, lo_open=True), default=1.0, show_default=True, help="With --realtime: trace s per wall s.")
 @click.option("--wall-clock/--trace-clock", "wall_clock", default=False, show_default=True,
               help="Move every timestamp by one offset so the job starts now (as a live source), "
                    "or keep the recorded ones.")
@@ -99,14 +100,14 @@ def trace_cmd(opts: _Opts, trace_dir: str, realtime: bool, speed: float, wall_cl
 
 @produce.command("sim", context_settings=_CTX)
 @click.option("--scenario", default="nic-slow", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--steps", type=int, default=12, show_default=True)
-@click.option("--nodes", type=int, default=8, show_default=True)
-@click.option("--gpus-per-node", type=int, default=8, show_default=True)
-@click.option("--nics-per-node", type=int, default=8, show_default=True)
+@click.option("--seed", type=count(0, 2**32 - 1), default=0, show_default=True)
+@click.option("--steps", type=count(1, 10_000), default=12, show_default=True)
+@click.option("--nodes", type=count(2, 256), default=8, show_default=True)
+@click.option("--gpus-per-node", type=count(1, 16), default=8, show_default=True)
+@click.option("--nics-per-node", type=count(1, 16), default=8, show_default=True)
 @click.option("--job", default="sim", show_default=True)
-@click.option("--speed", type=float, default=1.0, show_default=True, help="Simulated seconds per wall second.")
-@click.option("--keep", type=click.Path(file_okay=False), default=None, help="Keep the simulated trace here.")
+@click.option("--speed", type=Number(float, 0.0, 1e6, lo_open=True), default=1.0, show_default=True, help="Simulated seconds per wall second.")
+@click.option("--keep", type=OutDir(force_param=None), default=None, help="Keep the simulated trace here (empty or absent).")
 @click.pass_obj
 def sim_cmd(opts: _Opts, scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, nics_per_node: int,
             job: str, speed: float, keep: str | None) -> None:
@@ -151,9 +152,9 @@ def _publish_iter(opts: _Opts, events: Iterable[Any]) -> dict[str, Any]:
 
 
 @produce.command("nccl-log", context_settings=_CTX)
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", type=InFile(allow_fifo=True, allow_missing=True))
 @click.option("--follow", is_flag=True, help="Keep reading as lines are appended (like tail -F).")
-@click.option("--idle-exit", type=float, default=None, help="With --follow: stop after this many idle seconds.")
+@click.option("--idle-exit", type=seconds(), default=None, help="With --follow: stop after this many idle seconds.")
 @click.option("--job", default="", help="Job name for the events.")
 @click.option("--node", default=None, help="Node name (default: from the log, else the host name).")
 @click.pass_obj
@@ -173,7 +174,7 @@ def nccl_log_cmd(opts: _Opts, file: str, follow: bool, idle_exit: float | None, 
 
 @produce.command("plugin", context_settings=_CTX)
 @click.argument("path", type=click.Path())
-@click.option("--timeout", type=float, default=None, help="Socket: stop after this many seconds without data.")
+@click.option("--timeout", type=seconds(), default=None, help="Socket: stop after this many seconds without data.")
 @click.option("--job", default="", help="Job name for the events.")
 @click.option("--node", default=None, help="Node name (default: the plugin's host name).")
 @click.pass_obj
@@ -194,18 +195,19 @@ def plugin_cmd(opts: _Opts, path: str, timeout: float | None, job: str, node: st
 
         events: Iterable[Any] = from_files()
     else:
+        check_socket_path(p)
         events = receive_plugin_socket(p, timeout=timeout, job=job, node=node)
     _report(opts, _publish_iter(opts, events))
 
 
 @produce.command("capture", context_settings=_CTX)
 @click.option("--iface", required=True, help="Interface to capture on (needs root/CAP_NET_RAW).")
-@click.option("--epoch-us", type=float, default=32.0, show_default=True)
-@click.option("--window-ms", type=float, default=10.0, show_default=True, help="Batch window.")
+@click.option("--epoch-us", type=Number(float, 1.0, 1e6), default=32.0, show_default=True)
+@click.option("--window-ms", type=Number(float, 0.001, 60_000.0), default=10.0, show_default=True, help="Batch window.")
 @click.option("--local", "local", multiple=True, help="A local address of this node (repeatable).")
 @click.option("--node", default=None, help="Node name (default: the host name).")
 @click.option("--job", default="", help="Job name.")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option("--duration", type=seconds(), default=None, help="Stop after this many seconds.")
 @click.pass_obj
 def capture_cmd(opts: _Opts, iface: str, epoch_us: float, window_ms: float, local: tuple[str, ...],
                 node: str | None, job: str, duration: float | None) -> None:

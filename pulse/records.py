@@ -203,6 +203,15 @@ def decode_incident(raw: bytes | bytearray | memoryview | str, where: str = "inc
     return Incident.from_dict(loads(raw, where), where)
 
 
+def _gap_counts(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or not all(isinstance(k, str) and type(n) is int and 0 <= n < 1 << 62
+                                          for k, n in v.items()):
+        return "must be an object of non-negative integer counts"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class DataEnd(Record):
     """How far one node's epoch data is known to reach (its node clock), forwarded by the
@@ -211,14 +220,21 @@ class DataEnd(Record):
     of the input, and a receive that waits for ever from one posted a moment ago."""
 
     TYPE = "data-end"
+    VERSION = 2
     FIELDS = (
         Field("job", "str", check=_name("job", True)),
         Field("node", "str", check=_name("node")),
         Field("end_ns", "int", bounds=INT64),
+        Field("gaps", "json", required=False, since=2, check=_gap_counts),
     )
     job: str
     node: str
     end_ns: int
+    gaps: dict[str, int] | None = None
+    """What of this node's input the segmentation stage did not use, so far (cumulative):
+    ``lost_batches`` (batch_seq gaps), ``late_batches``, ``wild_time_batches`` (t0 outside
+    the job's time range), ``clamped_rows`` (bytes beyond a link's capacity in an epoch),
+    ``impossible_ops`` (op events with impossible sizes). None or empty: nothing missing."""
 
 
 def decode_data_end(raw: bytes | bytearray | memoryview | str, where: str = "data-end") -> DataEnd:

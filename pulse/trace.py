@@ -12,11 +12,19 @@ Layout::
 Batches inside a NIC file are in ``batch_seq`` order. A record cut short at the end of a
 file (a writer that died) is reported by :class:`TraceError` naming the file and offset,
 unless the reader is told to ``tolerate_truncation``, in which case it is counted.
+
+meta.json is written first with ``"complete": false`` and replaced atomically by the final
+one at a clean close, so a trace whose writer was killed says so (:attr:`TraceReader.complete`);
+a writer never appends to an existing trace. Every file the reader opens must be a regular
+file (a FIFO would block it, /dev/zero never ends), and a batch must belong to the NIC its
+path names.
 """
 
 from __future__ import annotations
 
 import heapq
+import os
+import stat
 import struct
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -26,36 +34,86 @@ import orjson
 
 from pulse import events as _events
 from pulse import samples as _samples
-from pulse.errors import DecodeError, TraceError
+from pulse.errors import DecodeError, EncodeError, TraceError
 from pulse.records import OpLevel, decode_oplevel
+from pulse.settings import MAX_EPOCH_NS, MIN_EPOCH_NS
 
 FILE_MAGIC = b"PLSTRACE"
 FILE_VERSION = 1
 _FILE_HEAD = struct.Struct("<8sI")
 _LEN = struct.Struct("<I")
 MAX_RECORD = 1 << 30
+MAX_META = 1 << 20
+
+
+TRACE_ENTRIES = ("meta.json", "samples", "hook-events.jsonl", "oplevel.jsonl", "truth.json")
+"""What a :class:`TraceWriter` puts in its directory (and all that ``replace`` removes)."""
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def remove_trace(path: str | Path) -> None:
+    """Remove what a :class:`TraceWriter` wrote into ``path`` (nothing else)."""
+    import shutil
+
+    p = Path(path)
+    for name in TRACE_ENTRIES:
+        q = p / name
+        if q.is_dir() and not q.is_symlink():
+            shutil.rmtree(q)
+        elif q.exists() or q.is_symlink():
+            q.unlink()
 
 
 class TraceWriter:
-    """Writes a trace directory; use as a context manager."""
+    """Writes a trace directory; use as a context manager.
+
+    Crash-safe: meta.json is written first, marked ``"complete": false``, and replaced
+    atomically by the final one (``"complete": true``) only when the writer closes cleanly;
+    records are length-prefixed and :meth:`flush` (at each window boundary of a live
+    capture) pushes them to disk, so a writer killed at any point leaves a readable prefix
+    that says it is one. A writer leaving by an exception keeps the ``complete: false``
+    marker and records the error. It never appends to an existing trace: ``replace``
+    removes one first, otherwise a directory holding a trace is refused."""
 
     def __init__(self, path: str | Path, *, job: str = "", epoch_ns: int | None = None,
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, replace: bool = False) -> None:
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TraceError(f"{self.path}: cannot create the trace directory ({exc.strerror})") from None
+        present = [n for n in TRACE_ENTRIES if (self.path / n).exists() or (self.path / n).is_symlink()]
+        if present:
+            if not replace:
+                raise TraceError(f"{self.path}: already holds a trace ({present[0]}); refusing to append to it")
+            remove_trace(self.path)
+        self._meta = {"format": "pulse-trace", "v": 1, "job": job, "epoch_ns": epoch_ns, **(meta or {})}
+        _write_atomic(self.path / "meta.json", orjson.dumps({**self._meta, "complete": False},
+                                                            option=orjson.OPT_INDENT_2))
         (self.path / "samples").mkdir(exist_ok=True)
         self._nic_files: dict[tuple[str, str], IO[bytes]] = {}
-        self._events = open(self.path / "hook-events.jsonl", "ab")
+        self._events = open(self.path / "hook-events.jsonl", "xb")
         self._oplevel: IO[bytes] | None = None
-        self._meta = {"format": "pulse-trace", "v": 1, "job": job, "epoch_ns": epoch_ns, **(meta or {})}
         self.batches_written = 0
         self.events_written = 0
+        self.closed = False
 
     def __enter__(self) -> TraceWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc_type is None or issubclass(exc_type, KeyboardInterrupt):
+            self.close()
+        else:
+            self.close(error=f"{exc_type.__name__}: {exc}")
 
     def _nic_file(self, node: str, nic: str) -> IO[bytes]:
         key = (node, nic)
@@ -63,19 +121,15 @@ class TraceWriter:
         if fh is None:
             d = self.path / "samples" / node
             d.mkdir(parents=True, exist_ok=True)
-            p = d / f"{nic}.batches"
-            fresh = not p.exists() or p.stat().st_size == 0
-            fh = open(p, "ab")
-            if fresh:
-                fh.write(_FILE_HEAD.pack(FILE_MAGIC, FILE_VERSION))
+            fh = open(d / f"{nic}.batches", "xb")
+            fh.write(_FILE_HEAD.pack(FILE_MAGIC, FILE_VERSION))
             self._nic_files[key] = fh
         return fh
 
     def write_batch(self, batch: _samples.EpochBatch) -> None:
         raw = _samples.encode(batch)
         fh = self._nic_file(batch.node, batch.nic)
-        fh.write(_LEN.pack(len(raw)))
-        fh.write(raw)
+        fh.write(_LEN.pack(len(raw)) + raw)  # one write: a record and its length go together
         self.batches_written += 1
 
     def write_event(self, event: _events.HookEvent) -> None:
@@ -88,26 +142,58 @@ class TraceWriter:
 
     def write_oplevel(self, record: OpLevel) -> None:
         if self._oplevel is None:
-            self._oplevel = open(self.path / "oplevel.jsonl", "ab")
+            self._oplevel = open(self.path / "oplevel.jsonl", "xb")
         self._oplevel.write(record.to_json() + b"\n")
 
     def write_truth(self, truth: dict[str, Any]) -> None:
-        (self.path / "truth.json").write_bytes(orjson.dumps(truth, option=orjson.OPT_INDENT_2))
+        _write_atomic(self.path / "truth.json", orjson.dumps(truth, option=orjson.OPT_INDENT_2))
 
-    def close(self) -> None:
-        for fh in self._nic_files.values():
-            fh.close()
-        self._nic_files.clear()
-        self._events.close()
-        if self._oplevel is not None:
-            self._oplevel.close()
-        (self.path / "meta.json").write_bytes(orjson.dumps(self._meta, option=orjson.OPT_INDENT_2))
+    def _files(self) -> list[IO[bytes]]:
+        return [*self._nic_files.values(), self._events, *([self._oplevel] if self._oplevel else [])]
+
+    def flush(self, *, sync: bool = True) -> None:
+        """Push every whole record written so far to the files (and to disk with ``sync``)."""
+        for fh in self._files():
+            fh.flush()
+            if sync:
+                os.fsync(fh.fileno())
+
+    def close(self, *, error: str | None = None) -> None:
+        """Close the files; the trace is marked complete unless ``error`` says why not."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.flush()
+        finally:
+            for fh in self._files():
+                fh.close()
+            self._nic_files.clear()
+        meta = {**self._meta, "complete": error is None, **({"error": error} if error else {})}
+        _write_atomic(self.path / "meta.json", orjson.dumps(meta, option=orjson.OPT_INDENT_2))
+
+
+def _regular(p: Path) -> int:
+    """Size of ``p``, which must be a regular file: a FIFO would block the reader for ever
+    and a device (/dev/zero) never ends."""
+    try:
+        st = os.stat(p)
+    except OSError as exc:
+        raise TraceError(f"{p}: cannot read ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+        raise TraceError(f"{p}: cannot read ({kind}, not a regular file)")
+    return st.st_size
 
 
 def read_batch_file(path: str | Path, *, tolerate_truncation: bool = False,
                     stats: dict[str, int] | None = None) -> Iterator[_samples.EpochBatch]:
-    """Yield the batches of one NIC file, validating each."""
+    """Yield the batches of one NIC file, validating each. With ``tolerate_truncation`` a
+    record cut short at the end (a writer that died) ends the file; ``stats`` then counts
+    ``truncated_records`` and ``truncated_bytes``."""
     p = Path(path)
+    _regular(p)
     try:
         data = p.read_bytes()
     except OSError as exc:
@@ -124,15 +210,13 @@ def read_batch_file(path: str | Path, *, tolerate_truncation: bool = False,
     while off < len(data):
         if off + 4 > len(data):
             if tolerate_truncation:
-                if stats is not None:
-                    stats["truncated_records"] = stats.get("truncated_records", 0) + 1
+                _cut(stats, len(data) - off)
                 return
             raise TraceError(f"{p}: truncated record length at offset {off}")
         (n,) = _LEN.unpack_from(data, off)
         if n > MAX_RECORD or off + 4 + n > len(data):
             if tolerate_truncation:
-                if stats is not None:
-                    stats["truncated_records"] = stats.get("truncated_records", 0) + 1
+                _cut(stats, len(data) - off)
                 return
             raise TraceError(f"{p}: record at offset {off} claims {n} bytes, only {len(data) - off - 4} left")
         try:
@@ -142,11 +226,19 @@ def read_batch_file(path: str | Path, *, tolerate_truncation: bool = False,
         off += 4 + n
 
 
-def _read_jsonl(path: Path, decode: Any) -> Iterator[Any]:
+def _cut(stats: dict[str, int] | None, nbytes: int) -> None:
+    if stats is not None:
+        stats["truncated_records"] = stats.get("truncated_records", 0) + 1
+        stats["truncated_bytes"] = stats.get("truncated_bytes", 0) + nbytes
+
+
+def _read_jsonl(path: Path, decode: Any, *, tolerate_truncation: bool = False,
+                stats: dict[str, int] | None = None) -> Iterator[Any]:
+    if not (path.exists() or path.is_symlink()):
+        return
+    _regular(path)
     try:
         fh = open(path, "rb")
-    except FileNotFoundError:
-        return
     except OSError as exc:
         raise TraceError(f"{path}: cannot read ({exc.strerror})") from None
     with fh:
@@ -154,9 +246,13 @@ def _read_jsonl(path: Path, decode: Any) -> Iterator[Any]:
             if not line.strip():
                 continue
             try:
-                yield decode(line, f"{path}:{lineno}")
+                rec = decode(line, f"{path}:{lineno}")
             except DecodeError as exc:
+                if tolerate_truncation and not line.endswith(b"\n"):
+                    _cut(stats, len(line))  # the last line of a writer that died mid-line
+                    return
                 raise TraceError(str(exc)) from None
+            yield rec
 
 
 class TraceReader:
@@ -168,9 +264,14 @@ class TraceReader:
             raise TraceError(f"{self.path}: not a directory (expected a Pulse trace directory)")
         if not (self.path / "samples").is_dir() and not (self.path / "hook-events.jsonl").exists():
             raise TraceError(f"{self.path}: no samples/ and no hook-events.jsonl: not a Pulse trace")
+        samples = self.path / "samples"
+        if samples.is_symlink() or (samples.exists() and not samples.is_dir()):
+            raise TraceError(f"{samples}: not a directory of batch files (a link or a file)")
         meta_path = self.path / "meta.json"
         self.meta: dict[str, Any] = {}
-        if meta_path.exists():
+        if meta_path.exists() or meta_path.is_symlink():
+            if _regular(meta_path) > MAX_META:
+                raise TraceError(f"{meta_path}: over {MAX_META} bytes, not a meta file")
             try:
                 self.meta = orjson.loads(meta_path.read_bytes())
             except orjson.JSONDecodeError as exc:
@@ -181,6 +282,16 @@ class TraceReader:
                 raise TraceError(f"{meta_path}: not a pulse-trace meta file")
             if self.meta.get("v") != 1:
                 raise TraceError(f"{meta_path}: trace version {self.meta.get('v')!r}, this Pulse reads 1")
+            job = self.meta.get("job")
+            if job is not None:
+                try:
+                    _samples.check_name("job", job, allow_empty=True)
+                except EncodeError as exc:
+                    raise TraceError(f"{meta_path}: field {exc}") from None
+            ens = self.meta.get("epoch_ns")
+            if ens is not None and (type(ens) is not int or not MIN_EPOCH_NS <= ens <= MAX_EPOCH_NS):
+                raise TraceError(f"{meta_path}: field 'epoch_ns' must be an integer in "
+                                 f"[{MIN_EPOCH_NS}, {MAX_EPOCH_NS}], not {ens!r}")
 
     def nic_files(self) -> list[tuple[str, str, Path]]:
         """(node, nic, path) of every batch file, sorted."""
@@ -197,14 +308,20 @@ class TraceReader:
         for _, _, p in self.nic_files():
             yield from read_batch_file(p, tolerate_truncation=tolerate_truncation, stats=stats)
 
-    def timeline(self) -> tuple[list[_events.HookEvent], Iterator[tuple[int, _events.HookEvent | _samples.EpochBatch]]]:
+    @property
+    def complete(self) -> bool:
+        """False when the writer did not finish (killed, or failed: ``meta['error']``)."""
+        return self.meta.get("complete", True) is not False
+
+    def timeline(self, *, tolerate_truncation: bool = False, stats: dict[str, int] | None = None,
+                 ) -> tuple[list[_events.HookEvent], Iterator[tuple[int, _events.HookEvent | _samples.EpochBatch]]]:
         """The trace in the order a live source publishes it: the setup events (comm and
         flow events, and op events without an issue time) first, then op events and epoch
         batches merged in trace time: an op event at its ``t_host_ns``, a batch when its
         last epoch ends (the earliest a live source could send it). Yields (time, item)."""
         setup: list[_events.HookEvent] = []
         ops: list[tuple[int, int, Any]] = []
-        for i, ev in enumerate(self.events()):
+        for i, ev in enumerate(self.events(tolerate_truncation=tolerate_truncation, stats=stats)):
             if isinstance(ev, _events.OpEvent) and ev.t_host_ns is not None:
                 ops.append((ev.t_host_ns, i, ev))
             else:
@@ -212,15 +329,27 @@ class TraceReader:
         ops.sort(key=lambda x: (x[0], x[1]))
 
         def nic_stream(k: int, path: Path) -> Iterator[tuple[int, int, Any]]:
-            for b in read_batch_file(path):
+            for b in read_batch_file(path, tolerate_truncation=tolerate_truncation, stats=stats):
+                if (b.node, b.nic) != names[k]:
+                    # The path names the NIC: a batch of another one was put there by hand
+                    # or by a bug; used, it would count twice or on the wrong node, and
+                    # dropped, its NIC would look silent (a stop that never happened).
+                    raise TraceError(f"{path}: batch {b.batch_seq} is of {b.node}/{b.nic}, not of the "
+                                     f"NIC its path names ({'/'.join(names[k])})")
+                if stats is not None:
+                    stats["batches"] = stats.get("batches", 0) + 1
                 yield (b.end_ns(), 1 << 40 | k, b)
 
-        streams = [nic_stream(k, p) for k, (_, _, p) in enumerate(self.nic_files())]
+        files = self.nic_files()
+        names = [(n, c) for n, c, _ in files]
+        streams = [nic_stream(k, p) for k, (_, _, p) in enumerate(files)]
         merged = heapq.merge(iter(ops), *streams, key=lambda x: (x[0], x[1]))
         return setup, ((t, item) for t, _, item in merged)
 
-    def events(self) -> Iterator[_events.HookEvent]:
-        return _read_jsonl(self.path / "hook-events.jsonl", _events.decode)
+    def events(self, *, tolerate_truncation: bool = False,
+               stats: dict[str, int] | None = None) -> Iterator[_events.HookEvent]:
+        return _read_jsonl(self.path / "hook-events.jsonl", _events.decode,
+                           tolerate_truncation=tolerate_truncation, stats=stats)
 
     def oplevel(self) -> Iterator[OpLevel]:
         return _read_jsonl(self.path / "oplevel.jsonl", decode_oplevel)

@@ -13,6 +13,7 @@ from pulse.segmentation.streamstats import StreamStats
 from pulse.samples import EpochBatch
 
 LOW = -(1 << 62)
+GIVEN_UP_KEPT = 64
 
 
 @dataclasses.dataclass
@@ -24,12 +25,20 @@ class NicOrder:
     """Grid epoch up to which (exclusive) every epoch of this NIC has been seen."""
     ready: list[EpochBatch] = dataclasses.field(default_factory=list)
     """Batches released in batch_seq order, not buffered yet."""
+    given_up: list[tuple[int, int]] = dataclasses.field(default_factory=list)
+    """The latest [first, end) ranges of batch_seq counted lost: a batch of one arriving
+    after all is late (its data is missing from the operators already closed); any other
+    batch behind the turn was used already, so it is a duplicate (a redelivery) and
+    changes nothing."""
 
     def offer(self, batch: EpochBatch, stats: StreamStats) -> bool:
         """Hold a batch for its turn; False (counted) when it is late or a duplicate."""
         seq = batch.batch_seq
         if seq < self.next_seq:
-            stats.late_batches += 1
+            if any(a <= seq < b for a, b in self.given_up):
+                stats.late_batches += 1
+            else:
+                stats.duplicate_batches += 1
             return False
         if seq in self.pending:
             stats.duplicate_batches += 1
@@ -47,6 +56,7 @@ class NicOrder:
                     return
                 nxt = min(self.pending)
                 stats.lost_batches += nxt - self.next_seq
+                self.given_up = [*self.given_up[-(GIVEN_UP_KEPT - 1):], (self.next_seq, nxt)]
                 self.next_seq = nxt
             b = self.pending.pop(self.next_seq)
             self.next_seq += 1

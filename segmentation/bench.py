@@ -12,6 +12,7 @@ import orjson
 from pulse.segmentation.kernel import run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentParams
 
+from pulse.cli_types import Number, count, seconds
 from pulse.errors import ConfigError
 
 TARGET_RATIO = 0.25
@@ -92,19 +93,19 @@ def measure(rows: int, flows: int, repeats: int, seed: int = 0) -> dict[str, Any
 
 
 @click.command("segment")
-@click.option("--rows", default=4_000_000, show_default=True, help="Epoch rows in the synthetic load.")
-@click.option("--flows", default=2048, show_default=True,
+@click.option("--rows", type=count(1, 10**9), default=4_000_000, show_default=True, help="Epoch rows in the synthetic load.")
+@click.option("--flows", type=count(1, 10**7), default=2048, show_default=True,
               help="Send flows (a 64-GPU job: 64 ranks x 32 send flows).")
-@click.option("--repeats", default=9, show_default=True, help="Timed repeats (best is reported).")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--repeats", type=count(1, 1000), default=9, show_default=True, help="Timed repeats (best is reported).")
+@click.option("--seed", type=count(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--streaming", is_flag=True,
               help="Measure the streaming form instead: flows per NIC segmented in real time at 32 us epochs.")
 @click.option("--nic-flows", default="2000,20000,50000", show_default=True,
               help="--streaming: concurrent send flows per NIC to try (comma-separated).")
-@click.option("--active", default=64, show_default=True,
+@click.option("--active", type=count(1, 10**7), default=64, show_default=True,
               help="--streaming: flows transmitting in any one epoch (they share the NIC's 400 Gb/s line rate).")
-@click.option("--seconds", default=2.0, show_default=True, help="--streaming: simulated seconds of traffic.")
-@click.option("--window-ms", default=10.0, show_default=True, help="--streaming: epoch batch window.")
+@click.option("--seconds", type=seconds(hi=3600.0), default=2.0, show_default=True, help="--streaming: simulated seconds of traffic.")
+@click.option("--window-ms", type=Number(float, 0.001, 60_000.0), default=10.0, show_default=True, help="--streaming: epoch batch window.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 def bench_segment(rows: int, flows: int, repeats: int, seed: int, streaming: bool, nic_flows: str, active: int,
                   seconds: float, window_ms: float, as_json: bool) -> None:

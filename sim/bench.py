@@ -16,6 +16,8 @@ from pathlib import Path
 import click
 import orjson
 
+from pulse.cli_types import count
+
 
 def _numpy_reference(rows: int, out: Path) -> float:
     import numpy as np
@@ -34,9 +36,9 @@ def _numpy_reference(rows: int, out: Path) -> float:
 
 
 @click.command(name="sim")
-@click.option("--steps", type=int, default=20, show_default=True)
+@click.option("--steps", type=count(1, 10_000), default=20, show_default=True)
 @click.option("--scenario", default="healthy", show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--seed", type=count(0, 2**32 - 1), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
 def bench_sim(steps: int, scenario: str, seed: int, as_json: bool) -> None:
     """Simulated seconds per wall second at the default size (64 GPUs), vs a bare numpy pass."""

@@ -18,6 +18,7 @@ from typing import Any
 import click
 import orjson
 
+from pulse.cli_types import count
 from pulse.kafka_security import kafka_client_kwargs
 from pulse.settings import Settings
 
@@ -152,11 +153,11 @@ async def _pipeline_run(settings: Settings, trace: Path, workdir: Path) -> dict[
 
 
 @click.command("pipeline", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--nodes", type=int, default=4, show_default=True)
-@click.option("--gpus-per-node", type=int, default=4, show_default=True)
-@click.option("--nics-per-node", type=int, default=4, show_default=True)
-@click.option("--steps", type=int, default=8, show_default=True)
-@click.option("--demo-runs", type=int, default=3, show_default=True, help="pulse demo runs for the latency median (0 = skip).")
+@click.option("--nodes", type=count(2, 256), default=4, show_default=True)
+@click.option("--gpus-per-node", type=count(1, 16), default=4, show_default=True)
+@click.option("--nics-per-node", type=count(1, 16), default=4, show_default=True)
+@click.option("--steps", type=count(1, 10_000), default=8, show_default=True)
+@click.option("--demo-runs", type=count(0, 100), default=3, show_default=True, help="pulse demo runs for the latency median (0 = skip).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_pipeline(nodes: int, gpus_per_node: int, nics_per_node: int, steps: int, demo_runs: int,
                    as_json: bool) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from pulse.cli_types import InDir, Number, count, seconds
 from pulse.errors import ConfigError, ServiceError
 from pulse.settings import Settings
 
@@ -21,7 +22,7 @@ def _settings(broker: str | None, prefix: str | None, partitions: int | None, wo
 @click.command(context_settings=_CTX)
 @click.option("--broker", help="Kafka bootstrap host:port (default PULSE_BROKER).")
 @click.option("--topic-prefix", "prefix", help="Topic prefix (default PULSE_TOPIC_PREFIX or 'pulse').")
-@click.option("--partitions", type=int, help="Partitions of samples/hook-events (default PULSE_PARTITIONS).")
+@click.option("--partitions", type=count(1, 10_000), help="Partitions of samples/hook-events (default PULSE_PARTITIONS).")
 @click.option("--worker-id", help="Faust app id = consumer group (default PULSE_WORKER_ID).")
 @click.option("--loglevel", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
@@ -32,9 +33,9 @@ def _settings(broker: str | None, prefix: str | None, partitions: int | None, wo
 @click.option("--health-file", type=click.Path(dir_okay=False), default=None,
               help="The health file the worker writes and --health reads "
                    "(default PULSE_DATA_DIR/worker-<worker id>.health.json).")
-@click.option("--max-lag", type=click.IntRange(min=0), default=None,
+@click.option("--max-lag", type=count(0), default=None,
               help="With --health: most messages the group may be behind on its input topics [100000].")
-@click.option("--max-age", type=click.FloatRange(min=1.0), default=None,
+@click.option("--max-age", type=Number(float, 1.0, 7 * 86400.0), default=None,
               help="With --health: oldest health record, in seconds, from a live worker [30].")
 @click.option("--json", "as_json", is_flag=True, help="With --health: the report as JSON on stdout.")
 def worker(broker: str | None, prefix: str | None, partitions: int | None, worker_id: str | None,
@@ -89,16 +90,16 @@ def _health(s: Settings, path: Path, max_lag: int | None, max_age: float | None,
 
 @click.command(context_settings=_CTX)
 @click.option("--scenario", default="nic-slow", show_default=True, help="Simulator scenario (pulse sim --help).")
-@click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--steps", type=int, default=12, show_default=True, help="Training steps to simulate.")
-@click.option("--nodes", type=int, default=8, show_default=True)
-@click.option("--gpus-per-node", type=int, default=8, show_default=True)
-@click.option("--nics-per-node", type=int, default=8, show_default=True)
-@click.option("--speed", type=float, default=1.0, show_default=True,
+@click.option("--seed", type=count(0, 2**32 - 1), default=1, show_default=True)
+@click.option("--steps", type=count(1, 10_000), default=12, show_default=True, help="Training steps to simulate.")
+@click.option("--nodes", type=count(2, 256), default=8, show_default=True)
+@click.option("--gpus-per-node", type=count(1, 16), default=8, show_default=True)
+@click.option("--nics-per-node", type=count(1, 16), default=8, show_default=True)
+@click.option("--speed", type=Number(float, 0.0, 1e6, lo_open=True), default=1.0, show_default=True,
               help="Replay speed (trace seconds per wall second); 1 = real time.")
-@click.option("--trace", "trace_dir", type=click.Path(file_okay=False, exists=True), default=None,
+@click.option("--trace", "trace_dir", type=InDir(), default=None,
               help="Stream this trace directory instead of simulating one.")
-@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=seconds(), default=120.0, show_default=True,
               help="Give up waiting for verdicts after this many seconds past the end of the stream.")
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines on stdout: one per verdict and per incident state change, then a summary.")

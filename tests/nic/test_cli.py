@@ -45,7 +45,7 @@ def test_capture_pcap_to_trace_dir(tmp_path):
 def test_capture_errors(tmp_path):
     run = CliRunner().invoke
     r = run(main, ["capture", "--pcap", str(tmp_path / "missing.pcap"), "--json"])
-    assert r.exit_code == 1 and "error: " in r.output and "no such capture file" in r.output
+    assert r.exit_code == 2 and "Invalid value for '--pcap'" in r.output and "no such file" in r.output
     bad = tmp_path / "bad.pcap"
     bad.write_bytes(b"\x00" * 100)
     r = run(main, ["capture", "--pcap", str(bad), "--json"])
@@ -53,7 +53,7 @@ def test_capture_errors(tmp_path):
     r = run(main, ["capture", "--pcap", str(bad), "--iface", "lo"])
     assert r.exit_code == 1 and "exactly one" in r.output
     r = run(main, ["capture", "--pcap", str(bad), "--epoch-us", "0.5", "--json"])
-    assert r.exit_code == 1 and "--epoch-us" in r.output
+    assert r.exit_code == 2 and "--epoch-us" in r.output
     r = run(main, ["capture", "--iface", "no-such-if0", "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "no such network interface" in r.output
     r = run(main, ["capture", "--pcap", str(bad), "--publish"])

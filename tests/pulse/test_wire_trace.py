@@ -47,7 +47,9 @@ def test_trace_directory_round_trip(batch_list: list[samples.EpochBatch], event_
                 w.write_truth(truth)
         assert w.batches_written == len(batch_list) and w.events_written == len(event_list)
         r = trace.TraceReader(d)
-        assert r.meta == {"format": "pulse-trace", "v": 1, "job": "job-1", "epoch_ns": 32_000, "scenario": "x"}
+        assert r.meta == {"format": "pulse-trace", "v": 1, "job": "job-1", "epoch_ns": 32_000, "scenario": "x",
+                          "complete": True}
+        assert r.complete
         got = list(r.batches())
         key = lambda b: (b.node, b.nic)  # noqa: E731
         # per NIC file, batches come back in write order
@@ -76,12 +78,40 @@ def test_layout_on_disk(tmp_path: Path) -> None:
     assert orjson.loads((tmp_path / "meta.json").read_bytes())["format"] == "pulse-trace"
 
 
-def test_appending_to_an_existing_trace_keeps_one_header(tmp_path: Path) -> None:
+def test_a_second_writer_never_appends_to_a_trace(tmp_path: Path) -> None:
     with trace.TraceWriter(tmp_path) as w:
         w.write_batch(_batch(0))
-    with trace.TraceWriter(tmp_path) as w:
+    with pytest.raises(TraceError, match="already holds a trace"):
+        trace.TraceWriter(tmp_path)
+    assert [b.batch_seq for b in trace.TraceReader(tmp_path).batches()] == [0]
+    with trace.TraceWriter(tmp_path, replace=True) as w:
         w.write_batch(_batch(1))
-    assert [b.batch_seq for b in trace.TraceReader(tmp_path).batches()] == [0, 1]
+    assert [b.batch_seq for b in trace.TraceReader(tmp_path).batches()] == [1]
+
+
+def test_a_killed_writer_leaves_a_readable_prefix_marked_incomplete(tmp_path: Path) -> None:
+    """No close (SIGKILL): meta.json already says incomplete, flushed records read back."""
+    w = trace.TraceWriter(tmp_path, job="j", epoch_ns=32_000)
+    w.write_batch(_batch(0))
+    w.write_batch(_batch(1))
+    w.flush()
+    f = tmp_path / "samples" / "node-00" / "mlx5_0.batches"
+    with open(f, "ab") as fh:  # a record the writer was in the middle of
+        fh.write(struct.pack("<I", 500) + b"x" * 20)
+    r = trace.TraceReader(tmp_path)
+    assert not r.complete and r.meta["job"] == "j"
+    stats: dict[str, int] = {}
+    got = list(r.batches(tolerate_truncation=True, stats=stats))
+    assert [b.batch_seq for b in got] == [0, 1]
+    assert stats == {"truncated_records": 1, "truncated_bytes": 24}
+
+
+def test_a_writer_left_by_an_exception_records_it(tmp_path: Path) -> None:
+    with pytest.raises(OSError), trace.TraceWriter(tmp_path) as w:
+        w.write_batch(_batch(0))
+        raise OSError("device went away")
+    r = trace.TraceReader(tmp_path)
+    assert not r.complete and "device went away" in r.meta["error"]
 
 
 def test_truncated_file_at_every_length(tmp_path: Path) -> None:
@@ -104,7 +134,7 @@ def test_truncated_file_at_every_length(tmp_path: Path) -> None:
         stats: dict[str, int] = {}
         got = list(trace.read_batch_file(p, tolerate_truncation=True, stats=stats))
         assert [b.batch_seq for b in got] == list(range(complete))
-        assert stats == {"truncated_records": 1}
+        assert stats == {"truncated_records": 1, "truncated_bytes": cut - 12 - complete * rec}
 
 
 def _read_or_pulse_error(p: Path) -> None:

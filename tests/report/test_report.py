@@ -114,7 +114,7 @@ def test_cli_usage_and_input_errors(tmp_path: Path) -> None:
     r = runner.invoke(main, ["report", str(tmp_path)])
     assert r.exit_code == 1 and r.output.startswith("error:") and "not a Pulse trace" in r.output
     r = runner.invoke(main, ["report", str(tmp_path / "nope")])
-    assert r.exit_code == 1 and "not a directory" in r.output
+    assert r.exit_code == 2 and "no such directory" in r.output
     # An InfluxDB that is not there is a one-line ServiceError, not a traceback.
     r = runner.invoke(main, ["report", "--from-influx", "http://127.0.0.1:9", "--job", "j"])
     assert r.exit_code == 1 and r.output.startswith("error: InfluxDB at http://127.0.0.1:9")
