@@ -33,6 +33,7 @@ from typing import Any
 import click
 import orjson
 
+from pulse.cli_types import Number, count
 from pulse.errors import ServiceError
 
 HOSTS = 8
@@ -125,10 +126,10 @@ def _bare_events_cpu(path: Path) -> float:
 
 
 @click.command("agent", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--packets", type=int, default=500_000, show_default=True, help="Packets to generate.")
-@click.option("--events", type=int, default=100_000, show_default=True, help="Hook events to generate.")
-@click.option("--epoch-us", type=float, default=32.0, show_default=True)
-@click.option("--repeat", type=int, default=3, show_default=True, help="Runs of each side; the median counts.")
+@click.option("--packets", type=count(1000, 100_000_000), default=500_000, show_default=True, help="Packets to generate.")
+@click.option("--events", type=count(100, 10_000_000), default=100_000, show_default=True, help="Hook events to generate.")
+@click.option("--epoch-us", type=Number(float, 1.0, 1e6), default=32.0, show_default=True)
+@click.option("--repeat", type=count(1, 100), default=3, show_default=True, help="Runs of each side; the median counts.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
 def bench_agent(packets: int, events: int, epoch_us: float, repeat: int, as_json: bool) -> None:
     """The agent's CPU per 100k packets/s (vs tcpdump -r on the same file) and per 10k hook

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import orjson
 
+from pulse.cli_types import KeepDir, Number, check_socket_path, seconds
 from pulse.errors import ConfigError
 from pulse.settings import Settings
 
@@ -28,17 +29,18 @@ _CTX = {"help_option_names": ["-h", "--help"]}
 @click.option("--plugin-socket", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Unix datagram socket to bind for the NCCL profiler plugin (its PULSE_HOOK_SOCKET).")
 @click.option("--rdma/--no-rdma", default=True, show_default=True, help="Poll `rdma -j res show qp` when available.")
-@click.option("--epoch-us", type=float, default=None, help="Epoch length (default PULSE_EPOCH_NS).")
-@click.option("--window-ms", type=float, default=10.0, show_default=True, help="Capture batch window.")
+@click.option("--epoch-us", type=Number(float, 1.0, 1e6), default=None, help="Epoch length (default PULSE_EPOCH_NS).")
+@click.option("--window-ms", type=Number(float, 0.001, 60_000.0), default=10.0, show_default=True,
+              help="Capture batch window.")
 @click.option("--snaplen", type=click.IntRange(0, 65535), default=128, show_default=True,
               help="Bytes of each frame copied to the capture ring (headers are enough; 0 = whole frames).")
-@click.option("--health-s", type=float, default=0.5, show_default=True, help="Health record period.")
-@click.option("--coalesce-ms", type=float, default=20.0, show_default=True,
+@click.option("--health-s", type=seconds(0.0, 3600.0), default=0.5, show_default=True, help="Health record period.")
+@click.option("--coalesce-ms", type=Number(float, 0.0, 60_000.0), default=20.0, show_default=True,
               help="Merge a NIC's consecutive batches into one message for up to this long.")
 @click.option("--broker", help="Kafka bootstrap host:port (default PULSE_BROKER).")
 @click.option("--topic-prefix", "prefix", help="Topic prefix (default PULSE_TOPIC_PREFIX).")
-@click.option("--spool-dir", type=click.Path(file_okay=False), help="Disk spool (default PULSE_SPOOL_DIR).")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds (default: SIGTERM).")
+@click.option("--spool-dir", type=KeepDir(), help="Disk spool (default PULSE_SPOOL_DIR).")
+@click.option("--duration", type=seconds(), default=None, help="Stop after this many seconds (default: SIGTERM).")
 @click.option("--json", "as_json", is_flag=True, help="Print the final health record as JSON on stdout.")
 def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...], netns: str | None,
           hook_dir: Path | None, plugin_socket: Path | None, rdma: bool, epoch_us: float | None, window_ms: float, snaplen: int,
@@ -60,14 +62,14 @@ def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...],
         check_name("--node", node_name)
     except Exception as exc:
         raise ConfigError(str(exc)) from None
+    if plugin_socket is not None:
+        check_socket_path(plugin_socket)
     if not (iface or hook_dir or plugin_socket or rdma):
         raise ConfigError("nothing to do: give --iface, --hook-dir, --plugin-socket or --rdma")
     epoch_ns = round(epoch_us * 1000) if epoch_us is not None else s.epoch_ns
     window_ns = int(window_ms * 1e6)
     if window_ns < epoch_ns:
         raise ConfigError(f"--window-ms {window_ms}: must be at least one epoch")
-    if health_s <= 0:
-        raise ConfigError(f"--health-s {health_s}: must be > 0")
     addrs = list(local) or local_addresses(iface, netns)
     if iface and not addrs:
         raise ConfigError(f"--iface {iface}: no address found; give --local ADDR")

@@ -41,6 +41,8 @@ UNCHECKED_PATHS = {
     ("worker", "health_file"): "rewritten by the worker on every heartbeat; --health reads it",
     ("hooks read-plugin", "path"): "a record file or a socket to bind: check_socket_path in the command",
     ("produce plugin", "path"): "a directory of record files or a socket to bind: check_socket_path",
+    ("agent", "hook_dir"): "followed: it may appear, vanish and come back while the agent runs",
+    ("agent", "plugin_socket"): "a socket to bind: check_socket_path in the command",
 }
 
 
