@@ -132,10 +132,13 @@ def per_scenario(scores: list[ScenarioScore]) -> dict[str, dict[str, dict[str, i
     table: dict[str, dict[str, dict[str, int]]] = {}
     for s in scores:
         row = table.setdefault(s.scenario, {m: {"runs": 0, "node": 0, "group": 0, "misdiagnosed": 0, "missed": 0,
-                                                 "false-alarm": 0, "healthy-ok": 0} for m in METHODS})
+                                                 "false-alarm": 0, "healthy-ok": 0, "misdiagnosed_any": 0}
+                                             for m in METHODS})
         cell = row.setdefault(s.method, {})
         cell["runs"] = cell.get("runs", 0) + 1
         cell[s.outcome] = cell.get(s.outcome, 0) + 1
+        # every incident scored: runs that named a healthy node at any point
+        cell["misdiagnosed_any"] = cell.get("misdiagnosed_any", 0) + (s.outcome_all == "misdiagnosed")
     return table
 
 
