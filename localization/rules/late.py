@@ -59,7 +59,9 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
         return False
     others = median([g for rk, g in gaps.items() if rk != f.rank])
     lag = f.peers - f.value  # how much later than its peers the rank issued
-    return gaps[f.rank] - others < p.late_gap_frac * lag
+    # each gap may end at a ring predecessor's end (its clock) and start at the rank's own
+    # issue: up to one skew bound off each, two between the rank's gap and the others'
+    return gaps[f.rank] - others < p.late_gap_frac * lag + 2 * p.clock_skew_ns
 
 
 def waits_on(ev: Evidence, blamed: set[str]) -> set[str]:

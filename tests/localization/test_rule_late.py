@@ -101,3 +101,12 @@ def test_late_after_a_normal_gap_behind_a_late_previous_operator_waited_for_the_
 def test_late_after_a_long_compute_gap_is_its_own():
     assert not _gap_case(own_prev_end=0)
     assert not _gap_case(own_prev_end=50 * MS, late_gap_frac=0.0)  # veto off
+
+
+def test_the_gap_veto_allows_for_the_clock_skew_bound():
+    # rank 0's gap ends at its ring predecessor's end (another node's clock): 55 - 22 = 33 ms
+    # against the others' 5 ms, 28 ms more for 50 ms of lateness. With clocks 1 ms apart that
+    # is more than half the lateness plus two skews (27 ms): its own compute. With 3 ms it
+    # may be the clocks: explained (no compute-slow blame).
+    assert not _gap_case(own_prev_end=0, pred_prev_end=22 * MS, clock_skew_ns=MS)
+    assert _gap_case(own_prev_end=0, pred_prev_end=22 * MS, clock_skew_ns=3 * MS)
