@@ -28,6 +28,8 @@ class Run:
     severity: float | None
     workload: str
     sim_args: tuple[str, ...] = ()
+    name: str | None = None
+    """Trace directory name under ``--keep`` (default: scenario-workload-sSEED)."""
 
 
 def _battery() -> dict[str, Any]:
@@ -89,7 +91,8 @@ def simulate(run: Run, out: Path) -> None:
 def run_one(run: Run, params: LocalizeParams, keep: Path | None = None) -> list[ScenarioScore]:
     tmp = Path(tempfile.mkdtemp(prefix="pulse-eval-"))
     try:
-        trace = (keep / f"{run.scenario}-{run.workload}-s{run.seed}") if keep else tmp / "trace"
+        name = run.name or f"{run.scenario}-{run.workload}-s{run.seed}"
+        trace = (keep / name) if keep else tmp / "trace"
         if not (keep and (trace / "meta.json").exists()):
             if trace.exists():
                 shutil.rmtree(trace)
@@ -126,6 +129,12 @@ def evaluate(runs: list[Run], params: LocalizeParams, *, jobs: int = 2, keep: Pa
             if progress:
                 progress(futs[fut], s)
     return scores
+
+
+def sweep_plan(draws: list[Any], sim_args: tuple[str, ...] = (), sweep_seed: int = 0) -> list[Run]:
+    """One run per draw (:mod:`.sweep`), the drawn shape as ``pulse sim`` options."""
+    return [Run(d.scenario, d.seed, d.severity, d.workload, (*d.sim_args(), *sim_args),
+                name=f"sweep{sweep_seed}-{d.index:03d}-{d.scenario}") for d in draws]
 
 
 def per_scenario(scores: list[ScenarioScore]) -> dict[str, dict[str, dict[str, int]]]:

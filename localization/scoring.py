@@ -62,6 +62,8 @@ class ScenarioScore:
     """Incidents that name at least one healthy node."""
     exact_incidents: int = 0
     """Incidents that match the truth and name no healthy node."""
+    named: list[str] = dataclasses.field(default_factory=list)
+    """Every incident as "kind level node,node", in the order they were decided."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -104,12 +106,13 @@ def score(verdicts: Iterable[Verdict], truth: dict[str, Any], *, method: str | N
     correct = [v for m, v in order if m is not None]
     wrong = [v for m, v in order if m is None]
     first = order[0][1].to_dict() if order else None
+    named = [f"{v.kind} {v.level} {','.join(sorted(v.nodes))}" for _m, v in order]
     blaming = sum(blames_healthy(v, truth) for _m, v in order)
     exact = sum(m is not None and not blames_healthy(v, truth) for m, v in order)
     if healthy:
         out = "false-alarm" if order else "healthy-ok"
         return ScenarioScore(scenario, seed, meth, out, len(order), 0, len(order), None, first, sev,
-                             outcome_all=out, blaming_incidents=blaming, exact_incidents=0)
+                             outcome_all=out, blaming_incidents=blaming, exact_incidents=0, named=named)
     if not order:
         outcome = "missed"
     elif order[0][0] is None:
@@ -122,7 +125,7 @@ def score(verdicts: Iterable[Verdict], truth: dict[str, Any], *, method: str | N
     if correct and isinstance(onset, int):
         detect = max(0, decided_at(correct[0]) - onset)
     return ScenarioScore(scenario, seed, meth, outcome, len(order), len(correct), len(wrong), detect, first, sev,
-                         outcome_all=outcome_all, blaming_incidents=blaming, exact_incidents=exact)
+                         outcome_all=outcome_all, blaming_incidents=blaming, exact_incidents=exact, named=named)
 
 
 @dataclasses.dataclass
