@@ -192,6 +192,9 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
                              max_skew_us=max_clock_skew_us)
         drawn = draws(sweep_n, sweep_seed, limits)
         runs = sweep_plan(drawn, tuple(sim_args), sweep_seed)
+        # the localizer is told the clock sync the runs were drawn under, as an operator
+        # configures their cluster's (two clocks up to twice the offset bound apart)
+        bound = max(LocalizeParams().clock_skew_ns, int(2 * max_clock_skew_us * 1000))
     else:
         runs = plan(names, seeds, workload, healthy_seeds, tuple(sim_args))
     by_name: dict[str, Any] = {}
@@ -199,7 +202,7 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
         keep.mkdir(parents=True, exist_ok=True)
     console = _console()
     show = not as_json and sys.stderr.isatty()
-    params = LocalizeParams()
+    params = LocalizeParams(clock_skew_ns=bound) if drawn else LocalizeParams()
     if show:
         from rich.progress import Progress
 
@@ -221,7 +224,7 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
     scores.sort(key=lambda s: (order.get(s.scenario.split(" ")[0], 99), s.scenario, s.seed or 0, s.method))
     sums = summaries(scores)
     if drawn:
-        _sweep_report(console, drawn, runs, by_name, scores, sums, tuple(sim_args), sweep_seed, as_json)
+        _sweep_report(console, drawn, runs, by_name, scores, sums, tuple(sim_args), sweep_seed, as_json, params)
         return
     if as_json:
         obj = {"runs": [s.to_dict() for s in scores], "per_scenario": per_scenario(scores),
@@ -235,7 +238,8 @@ WRONG = ("missed", "misdiagnosed", "false-alarm")
 
 
 def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict[str, Any], scores: list[Any],
-                  sums: dict[str, Any], extra: tuple[str, ...], sweep_seed: int, as_json: bool) -> None:
+                  sums: dict[str, Any], extra: tuple[str, ...], sweep_seed: int, as_json: bool,
+                  params: LocalizeParams) -> None:
     """The battery's table and summary, then every Pulse miss, misdiagnosis (first incident
     or any incident) and false alarm with its drawn parameters and a replayable command."""
     from .evaluate import per_scenario
@@ -246,7 +250,8 @@ def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict
             rows.append({**s.to_dict(), "index": d.index, "draw": d.to_dict(), "replay": d.command(extra)})
     wrong = [r for r in rows if r["method"] == "pulse" and (r["outcome"] in WRONG or r["outcome_all"] in WRONG)]
     if as_json:
-        obj = {"sweep": {"runs": len(drawn), "seed": sweep_seed}, "runs": rows, "wrong": wrong,
+        obj = {"sweep": {"runs": len(drawn), "seed": sweep_seed, "clock_skew_bound_ns": params.clock_skew_ns},
+               "runs": rows, "wrong": wrong,
                "per_scenario": per_scenario(scores), "summary": {m: x.to_dict() for m, x in sums.items()}}
         sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
         return
@@ -254,7 +259,8 @@ def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict
     if not wrong:
         console.print(f"[bold green]sweep {sweep_seed}: every one of {len(drawn)} runs right on every incident[/]")
         return
-    console.print(f"[bold]sweep {sweep_seed}: {len(wrong)} of {len(drawn)} runs wrong or missed (pulse)[/]")
+    console.print(f"[bold]sweep {sweep_seed}: {len(wrong)} of {len(drawn)} runs wrong or missed (pulse; clock-skew "
+                  f"bound {params.clock_skew_ns / 1e6:g} ms)[/]")
     for r in wrong:
         d = r["draw"]
         console.print(f"#{r['index']} {d['scenario']} -> {r['outcome']} (every incident: {r['outcome_all']}): "

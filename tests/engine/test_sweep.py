@@ -87,7 +87,7 @@ def test_a_tiny_sweep_end_to_end_and_a_replay_of_one_run(tmp_path: Path) -> None
     r = CliRunner().invoke(main, ["eval", "--sweep", "3", "--sweep-seed", "1", *TINY, "--jobs", "1", "--json"])
     assert r.exit_code == 0, r.output
     obj = orjson.loads(r.stdout)
-    assert obj["sweep"] == {"runs": 3, "seed": 1}
+    assert obj["sweep"] == {"runs": 3, "seed": 1, "clock_skew_bound_ns": 10_000_000}  # +-5 ms drawn
     rows = obj["runs"]
     assert sorted((x["index"], x["method"]) for x in rows) == [(i, m) for i in range(3) for m in ("baseline", "pulse")]
     for x in rows:
@@ -106,6 +106,6 @@ def test_a_tiny_sweep_end_to_end_and_a_replay_of_one_run(tmp_path: Path) -> None
     args[args.index("--out") + 1] = str(out)
     rr = CliRunner().invoke(main, ["sim", *args])
     assert rr.exit_code == 0, rr.output
-    again = score(diagnose(out, LocalizeParams()).verdicts, read_truth(out), method="pulse")
+    again = score(diagnose(out, LocalizeParams(clock_skew_ns=10_000_000)).verdicts, read_truth(out), method="pulse")
     assert (again.outcome, again.outcome_all, again.named) == (
         pulse_row["outcome"], pulse_row["outcome_all"], pulse_row["named"])
