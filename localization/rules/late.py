@@ -14,7 +14,7 @@ Physical facts relied on:
     network (:func:`late_explained`);
   - a node that waits for its point-to-point (pipeline) peers more than is usual is late
     because of them; the straggler itself never waits;
-  - a point-to-point peer of a node another rule already blames waits for that node.
+  - a node on the pipeline chain of a node another rule already blames waits for it.
 """
 
 from __future__ import annotations
