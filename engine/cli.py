@@ -10,7 +10,7 @@ import click
 import orjson
 from pulse.localization import LocalizeParams
 
-from pulse.cli_types import InDir, KeepDir, count
+from pulse.cli_types import InDir, KeepDir, Number, count
 from pulse.records import Incident, Verdict
 
 
@@ -140,11 +140,13 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
 
     from .evaluate import METHODS, per_scenario
 
-    t = Table(title="Pulse vs operator-level baseline (runs: node-level / group-level / misdiagnosed / missed)")
+    t = Table(title="Pulse vs operator-level baseline (runs: node-level / group-level / misdiagnosed / missed, "
+                    "judged by the first incident; 'any': runs with any incident naming a healthy node)")
     t.add_column("scenario")
     t.add_column("runs", justify="right")
+    cols = ("node", "group", "misdiagnosed", "missed", "misdiagnosed_any")
     for m in METHODS:
-        for col in ("node", "group", "misdiag", "missed"):
+        for col in ("node", "group", "misdiag", "missed", "any"):
             t.add_column(f"{m} {col}", justify="right")
     for name, row in per_scenario(scores).items():
         runs = row["pulse"].get("runs", 0)
@@ -152,24 +154,25 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
             cells = []
             for m in METHODS:
                 fa = row[m].get("false-alarm", 0)
-                cells += [f"ok {row[m].get('healthy-ok', 0)}", f"FA {fa}", "", ""]
+                cells += [f"ok {row[m].get('healthy-ok', 0)}", f"FA {fa}", "", "", ""]
             t.add_row(name, str(runs), *cells)
             continue
         cells = []
         for m in METHODS:
-            cells += [str(row[m].get(k, 0)) for k in ("node", "group", "misdiagnosed", "missed")]
+            cells += [str(row[m].get(k, 0)) for k in cols]
         t.add_row(name, str(runs), *cells)
     console.print(t)
-    s = Table(title="Summary")
+    s = Table(title="Summary (first incident | every incident)")
     s.add_column("method")
     for col in ("precision", "recall", "node-level", "group-level", "misdiagnosed", "missed", "false alarms",
-                "mean onset->verdict"):
+                "mean onset->verdict", "precision all", "recall all", "misdiagnosed any"):
         s.add_column(col, justify="right")
     for m in METHODS:
         x = sums[m]
         s.add_row(m, f"{100 * x.precision:.1f} %", f"{100 * x.recall:.1f} %", f"{x.node}/{x.runs}",
                   f"{x.group}/{x.runs}", str(x.misdiagnosed), str(x.missed), f"{x.false_alarms}/{x.healthy_runs}",
-                  "-" if x.mean_detect_ms is None else f"{x.mean_detect_ms:.1f} ms")
+                  "-" if x.mean_detect_ms is None else f"{x.mean_detect_ms:.1f} ms",
+                  f"{100 * x.precision_all:.1f} %", f"{100 * x.recall_all:.1f} %", str(x.misdiagnosed_any))
     console.print(s)
 
 
@@ -185,19 +188,47 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
 @click.option("--keep", type=KeepDir(), default=None,
               help="Keep (and reuse) the simulated traces in this directory instead of a temp dir.")
 @click.option("--sim-arg", "sim_args", multiple=True, help="Extra argument passed to `pulse sim` (repeatable).")
+@click.option("--sweep", "sweep_n", type=count(1, 100_000), default=None,
+              help="Instead of the battery: N runs, each of a random scenario (healthy ~1 in 5), cluster shape, "
+                   "workload, algorithm, bucket size, epoch, severity, onset and clock skew.")
+@click.option("--sweep-seed", type=count(0, 2**31 - 1), default=0, show_default=True, help="Seed of the --sweep draws.")
+@click.option("--max-nodes", type=count(4, 256), default=32, show_default=True, help="--sweep: largest node count drawn (>= 4).")
+@click.option("--max-gpus-per-node", type=count(1, 16), default=8, show_default=True,
+              help="--sweep: GPUs per node are drawn from 4 and 8 up to this (below 4: this value).")
+@click.option("--sweep-steps", type=count(1, 10_000), default=20, show_default=True, help="--sweep: training steps per run.")
+@click.option("--max-clock-skew-us", type=Number(float, 0.0, 10_000.0), default=5000.0, show_default=True,
+              help="--sweep: each run's clock offsets are drawn in +- a value drawn up to this (µs).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")
 def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload: str | None, jobs: int,
-                 keep: Path | None, sim_args: tuple[str, ...], as_json: bool) -> None:
-    """Simulate the scenario battery, run Pulse and the baseline on every trace, score both."""
-    from .evaluate import evaluate, per_scenario, plan, summaries
+                 keep: Path | None, sim_args: tuple[str, ...], sweep_n: int | None, sweep_seed: int,
+                 max_nodes: int, max_gpus_per_node: int, sweep_steps: int, max_clock_skew_us: float,
+                 as_json: bool) -> None:
+    """Simulate the scenario battery (or a random --sweep), run Pulse and the baseline on every
+    trace, score both."""
+    from .evaluate import evaluate, per_scenario, plan, summaries, sweep_plan
 
     names = [s.strip() for s in scenarios.split(",") if s.strip()] if scenarios else None
-    runs = plan(names, seeds, workload, healthy_seeds, tuple(sim_args))
+    drawn: list[Any] = []
+    if sweep_n is not None:
+        from .sweep import SweepLimits, draws
+
+        if names or workload:
+            raise click.UsageError("--sweep draws the scenario and workload: drop --scenarios / --workload")
+        limits = SweepLimits(max_nodes=max_nodes, max_gpus_per_node=max_gpus_per_node, steps=sweep_steps,
+                             max_skew_us=max_clock_skew_us)
+        drawn = draws(sweep_n, sweep_seed, limits)
+        runs = sweep_plan(drawn, tuple(sim_args), sweep_seed)
+        # the localizer is told the clock sync the runs were drawn under, as an operator
+        # configures their cluster's (two clocks up to twice the offset bound apart)
+        bound = max(LocalizeParams().clock_skew_ns, int(2 * max_clock_skew_us * 1000))
+    else:
+        runs = plan(names, seeds, workload, healthy_seeds, tuple(sim_args))
+    by_name: dict[str, Any] = {}
     if keep:
         keep.mkdir(parents=True, exist_ok=True)
     console = _console()
     show = not as_json and sys.stderr.isatty()
-    params = LocalizeParams()
+    params = LocalizeParams(clock_skew_ns=bound) if drawn else LocalizeParams()
     if show:
         from rich.progress import Progress
 
@@ -205,10 +236,12 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
             task = prog.add_task("simulate + diagnose", total=len(runs))
 
             def tick(run: Any, s: Any) -> None:
+                by_name[run.name] = s
                 prog.advance(task)
             scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick)
     else:
         def note(run: Any, s: Any) -> None:
+            by_name[run.name] = s
             if not as_json:
                 console.print(f"{run.scenario} seed {run.seed} sev {run.severity}: "
                               + ", ".join(f"{x.method}={x.outcome}" for x in s))
@@ -216,9 +249,46 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
     order = {n: i for i, n in enumerate(dict.fromkeys(r.scenario for r in runs))}
     scores.sort(key=lambda s: (order.get(s.scenario.split(" ")[0], 99), s.scenario, s.seed or 0, s.method))
     sums = summaries(scores)
+    if drawn:
+        _sweep_report(console, drawn, runs, by_name, scores, sums, tuple(sim_args), sweep_seed, as_json, params)
+        return
     if as_json:
         obj = {"runs": [s.to_dict() for s in scores], "per_scenario": per_scenario(scores),
                "summary": {m: x.to_dict() for m, x in sums.items()}}
         sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
         return
     _table(console, scores, sums)
+
+
+WRONG = ("missed", "misdiagnosed", "false-alarm")
+
+
+def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict[str, Any], scores: list[Any],
+                  sums: dict[str, Any], extra: tuple[str, ...], sweep_seed: int, as_json: bool,
+                  params: LocalizeParams) -> None:
+    """The battery's table and summary, then every Pulse miss, misdiagnosis (first incident
+    or any incident) and false alarm with its drawn parameters and a replayable command."""
+    from .evaluate import per_scenario
+
+    rows = []
+    for d, run in zip(drawn, runs, strict=True):
+        for s in by_name.get(run.name, []):
+            rows.append({**s.to_dict(), "index": d.index, "draw": d.to_dict(), "replay": d.command(extra)})
+    wrong = [r for r in rows if r["method"] == "pulse" and (r["outcome"] in WRONG or r["outcome_all"] in WRONG)]
+    if as_json:
+        obj = {"sweep": {"runs": len(drawn), "seed": sweep_seed, "clock_skew_bound_ns": params.clock_skew_ns},
+               "runs": rows, "wrong": wrong,
+               "per_scenario": per_scenario(scores), "summary": {m: x.to_dict() for m, x in sums.items()}}
+        sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
+        return
+    _table(console, scores, sums)
+    if not wrong:
+        console.print(f"[bold green]sweep {sweep_seed}: every one of {len(drawn)} runs right on every incident[/]")
+        return
+    console.print(f"[bold]sweep {sweep_seed}: {len(wrong)} of {len(drawn)} runs wrong or missed (pulse; clock-skew "
+                  f"bound {params.clock_skew_ns / 1e6:g} ms)[/]")
+    for r in wrong:
+        d = r["draw"]
+        console.print(f"#{r['index']} {d['scenario']} -> {r['outcome']} (every incident: {r['outcome_all']}): "
+                      + ("; ".join(r["named"]) or "no incident"))
+        console.print(f"  {r['replay']}", soft_wrap=True)

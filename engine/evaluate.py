@@ -29,6 +29,8 @@ class Run:
     severity: float | None
     workload: str
     sim_args: tuple[str, ...] = ()
+    name: str | None = None
+    """Trace directory name under ``--keep`` (default: scenario-workload-sSEED)."""
 
 
 def _battery() -> dict[str, Any]:
@@ -98,7 +100,8 @@ def _complete(trace: Path) -> bool:
 def run_one(run: Run, params: LocalizeParams, keep: Path | None = None) -> list[ScenarioScore]:
     tmp = Path(tempfile.mkdtemp(prefix="pulse-eval-"))
     try:
-        trace = (keep / f"{run.scenario}-{run.workload}-s{run.seed}") if keep else tmp / "trace"
+        name = run.name or f"{run.scenario}-{run.workload}-s{run.seed}"
+        trace = (keep / name) if keep else tmp / "trace"
         if not (keep and _complete(trace)):
             if trace.exists():
                 shutil.rmtree(trace)
@@ -137,14 +140,23 @@ def evaluate(runs: list[Run], params: LocalizeParams, *, jobs: int = 2, keep: Pa
     return scores
 
 
+def sweep_plan(draws: list[Any], sim_args: tuple[str, ...] = (), sweep_seed: int = 0) -> list[Run]:
+    """One run per draw (:mod:`.sweep`), the drawn shape as ``pulse sim`` options."""
+    return [Run(d.scenario, d.seed, d.severity, d.workload, (*d.sim_args(), *sim_args),
+                name=f"sweep{sweep_seed}-{d.index:03d}-{d.scenario}") for d in draws]
+
+
 def per_scenario(scores: list[ScenarioScore]) -> dict[str, dict[str, dict[str, int]]]:
     table: dict[str, dict[str, dict[str, int]]] = {}
     for s in scores:
         row = table.setdefault(s.scenario, {m: {"runs": 0, "node": 0, "group": 0, "misdiagnosed": 0, "missed": 0,
-                                                 "false-alarm": 0, "healthy-ok": 0} for m in METHODS})
+                                                 "false-alarm": 0, "healthy-ok": 0, "misdiagnosed_any": 0}
+                                             for m in METHODS})
         cell = row.setdefault(s.method, {})
         cell["runs"] = cell.get("runs", 0) + 1
         cell[s.outcome] = cell.get(s.outcome, 0) + 1
+        # every incident scored: runs that named a healthy node at any point
+        cell["misdiagnosed_any"] = cell.get("misdiagnosed_any", 0) + (s.outcome_all == "misdiagnosed")
     return table
 
 

@@ -23,7 +23,8 @@ An operator yields *observations*, which the localizer accumulates as evidence
   could not finish; members that never started an operator their peers are stuck in;
   members missing while their peers completed (their data is missing, not their op).
 
-Absolute timestamps are never compared across nodes.
+Times of two nodes are compared only with the clock-skew bound (``LocalizeParams.clock_skew_ns``)
+in between; see docs/localization.md, "Clock skew".
 """
 
 from __future__ import annotations
@@ -195,7 +196,9 @@ def _stalled_on_late_peer(view: OpView, i: int, p: LocalizeParams) -> bool:
     if not issued:
         return False
     last = max(issued)
-    return last >= r.end_ns and last - r.t_host_ns >= max(p.late_override_ns, p.late_min_ns)
+    # ``last`` is the peer's clock, the stall's last byte this rank's: a peer issue that may
+    # have come after it within the skew bound counts as waiting (no network-stop blame)
+    return last >= r.end_ns - p.clock_skew_ns and last - r.t_host_ns >= max(p.late_override_ns, p.late_min_ns)
 
 
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:

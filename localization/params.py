@@ -38,6 +38,15 @@ class LocalizeParams:
     numbers later has data (or at ``finish``): later ranks' records may still be on the
     way until then, and a rank still missing after that is missing."""
 
+    clock_skew_ns: int = 1_000_000
+    """The largest difference between two nodes' clocks the rules tolerate. Every rule that
+    compares a time taken on one node with one taken on another moves its bound by this, in
+    the direction that keeps a healthy node from being blamed (``docs/localization.md``,
+    "Clock skew"); the rest compare times of one node only. Default 1 ms: five times the
+    two-node difference of PTP-synchronised clocks (+-100 us each, DESIGN.md). For
+    NTP-synchronised clusters (1-10 ms) set it to the largest offset difference expected
+    between two nodes."""
+
     # -- network fail-slow (ACT) ------------------------------------------------------
     act_ratio: float = 1.30
     """An operator is slow when a rank's ACT exceeds the job-wide reference ACT of
@@ -121,13 +130,6 @@ class LocalizeParams:
     rail_keep_ns: int = 2_000_000_000
     """Rail-late records older than this (trace time) no longer count, so an incident
     clears after the NIC recovered."""
-    rail_alive_margin_ns: int = 1_000_000
-    """When the rail-late records leave two nodes (the two ends of one stalled link), an
-    end whose NIC moved bytes with a third party (a record's first or last epoch, or a
-    credit grant it received) while the link was silent - the record issued with its
-    siblings but not yet on the wire - was up, so the other end is the culprit. The
-    activity must lie this far inside the silent interval: it compares two nodes' clocks,
-    so this is the clock-offset bound (10x the simulator's worst offset)."""
     rail_alive_min: int = 2
     """Silent intervals in which one end was seen alive (and the other never) needed
     before the node-level answer."""
@@ -153,9 +155,6 @@ class LocalizeParams:
     stop_frac: float = 0.5
     """A stall is a stop once some stalled record sent at most this fraction of its
     expected bytes (a throttled-but-moving operator cut off at the end sent far more)."""
-    stall_first_ns: int = 1_000_000
-    """Stalls ending within this of the earliest one are where the stop began (10x the
-    clock-offset bound; a hung job's later stalls are its victims, milliseconds later)."""
     stall_ns: int = 200_000_000
     """An incomplete record is a stall when its node's data goes on this long after its
     last byte (batch runs; a streaming segmenter reports incomplete only after a stall)."""
@@ -238,6 +237,27 @@ class LocalizeParams:
     """Closed operators in which a member node has no record while its peers completed,
     before that node is reported as insufficient-data."""
 
+    # -- derived from the clock-skew bound ----------------------------------------------------
+
+    @property
+    def rail_alive_margin_ns(self) -> int:
+        """When the rail-late records (or the first stalls) leave the two ends of one stalled
+        link, an end whose NIC moved bytes with a third party (a record's first or last
+        epoch, or a credit grant it received) while the link was silent - or after the
+        traffic stopped - was up, so the other end is the culprit. The activity is on one
+        node's clock and the silence on the other's, so it must lie ``clock_skew_ns``
+        inside the silent interval."""
+        return self.clock_skew_ns
+
+    @property
+    def stall_first_ns(self) -> int:
+        """Stalls (and absences) ending within this of the earliest one are where the stop
+        began: a dead NIC stops all its flows at one instant (within an epoch), seen on the
+        clocks of the nodes that sent them, so up to ``clock_skew_ns`` apart; a hung job's
+        later stalls are its victims, milliseconds later. A stop's victims that stall within
+        the skew of it cannot be told from it by time."""
+        return self.clock_skew_ns
+
     def __post_init__(self) -> None:
         for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
                      "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
@@ -248,8 +268,8 @@ class LocalizeParams:
             raise ConfigError(f"LocalizeParams.persist_ops={self.persist_ops} exceeds window_ops={self.window_ops}")
         if self.close_lag < 0:
             raise ConfigError("LocalizeParams.close_lag must be >= 0")
-        if self.hypotheses_every_ns < 0 or self.rail_alive_margin_ns < 0 or self.rail_alive_min < 1:
-            raise ConfigError("LocalizeParams: hypotheses_every_ns and rail_alive_margin_ns must be >= 0, "
+        if self.hypotheses_every_ns < 0 or self.clock_skew_ns < 0 or self.rail_alive_min < 1:
+            raise ConfigError("LocalizeParams: hypotheses_every_ns and clock_skew_ns must be >= 0, "
                               "rail_alive_min >= 1")
         if not 0 < self.persist_frac <= 1:
             raise ConfigError("LocalizeParams.persist_frac must be in (0, 1]")

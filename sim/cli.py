@@ -44,6 +44,9 @@ def _scenario_help() -> str:
 @click.option("--bucket-mb", type=Number(float, 0.001, 4096.0), default=None,
               help="DP gradient bucket size in MiB (default: dense 64, moe 32); auto picks tree below "
                    "about 1.8 MiB with 4 DP nodes.")
+@click.option("--clock-skew-us", type=Number(float, 0.0, 10_000.0), default=100.0, show_default=True,
+              help="Each node's clock is offset by a random amount in +- this (µs): 100 is PTP-like, "
+                   "NTP-synchronised clusters are often off by 1-10 ms. At most 10000.")
 @click.option("--job", default="sim", show_default=True, help="Job name written into every record.")
 @force_option()
 @click.option("--out", "out", type=OutDir(), default=None,
@@ -52,13 +55,15 @@ def _scenario_help() -> str:
 def sim(scenario: str, seed: int, nodes: int, gpus_per_node: int, nics_per_node: int, pp: int, steps: int,
         epoch_us: int, workload: str | None, severity: float | None, onset_ms: float | None,
         fault_duration_ms: float | None, algo: str,
-        bucket_mb: float | None, job: str, force: bool, out: str | None, as_json: bool) -> None:
+        bucket_mb: float | None, clock_skew_us: float, job: str, force: bool, out: str | None,
+        as_json: bool) -> None:
     """Simulate a training cluster (mechanistic NCCL-like traffic) with one anomaly scenario."""
     from pulse.sim.run import simulate
 
     cfg = SimConfig(scenario=scenario, seed=seed, nodes=nodes, gpus_per_node=gpus_per_node,
                     nics_per_node=nics_per_node, pp=pp, steps=steps, epoch_us=epoch_us, workload=workload,
-                    severity=severity, onset_ms=onset_ms, fault_duration_ms=fault_duration_ms, job=job, algo=algo, bucket_mb=bucket_mb)
+                    severity=severity, onset_ms=onset_ms, fault_duration_ms=fault_duration_ms, job=job, algo=algo, bucket_mb=bucket_mb,
+                    clock_offset_us=clock_skew_us)
     rc = cfg.resolved()  # validate before touching the disk
     if out is None:  # the default path gets the same checks as a given one
         ctx = click.get_current_context()

@@ -75,7 +75,7 @@ class SimConfig:
         if not 1.0 <= self.nic_gbps <= 3200.0:
             raise ConfigError(f"nic_gbps={self.nic_gbps}: must be in [1, 3200]")
         if not 0.0 <= self.clock_offset_us <= 10_000.0:
-            raise ConfigError(f"clock_offset_us={self.clock_offset_us}: must be in [0, 10000]")
+            raise ConfigError(f"--clock-skew-us {self.clock_offset_us}: must be in [0, 10000]")
         if not 0 <= self.seed < 2**32:  # the run's hashes mix the seed into 64-bit arithmetic
             raise ConfigError(f"--seed {self.seed}: must be in [0, 2**32)")
         if not 0.1 <= self.batch_ms <= 1000.0:

@@ -14,7 +14,7 @@ Physical facts relied on:
     network (:func:`late_explained`);
   - a node that waits for its point-to-point (pipeline) peers more than is usual is late
     because of them; the straggler itself never waits;
-  - a point-to-point peer of a node another rule already blames waits for that node.
+  - a node on the pipeline chain of a node another rule already blames waits for it.
 """
 
 from __future__ import annotations
@@ -59,17 +59,34 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
         return False
     others = median([g for rk, g in gaps.items() if rk != f.rank])
     lag = f.peers - f.value  # how much later than its peers the rank issued
-    return gaps[f.rank] - others < p.late_gap_frac * lag
+    # each gap may end at a ring predecessor's end (its clock) and start at the rank's own
+    # issue: up to one skew bound off each, two between the rank's gap and the others'
+    return gaps[f.rank] - others < p.late_gap_frac * lag + 2 * p.clock_skew_ns
 
 
 def waits_on(ev: Evidence, blamed: set[str]) -> set[str]:
-    """Point-to-point (two-rank communicator) peers of the blamed nodes."""
+    """The nodes of the blamed nodes' pipeline chains: their point-to-point (two-rank
+    communicator) peers, those peers' peers, and so on. A straggler in stage s delays the
+    stages before and after it alike (each waits for the activations or gradients the next
+    hop could not send on time), so with three stages or more a node two hops away is late
+    for the same reason as the blamed node's direct peer (found by ``pulse eval --sweep``:
+    a GPU at x1.28 in the last of three stages, and a first-stage node blamed too)."""
     out: set[str] = set()
-    if blamed:
-        for comm, nr in ev.topo.nranks.items():
-            nodes = set(ev.topo.members(comm).values())
-            if nr == 2 and nodes & blamed:
-                out |= nodes - blamed
+    if not blamed:
+        return out
+    links: dict[str, set[str]] = {}
+    for comm, nr in ev.topo.nranks.items():
+        nodes = set(ev.topo.members(comm).values())
+        if nr == 2 and len(nodes) == 2:
+            a, b = nodes
+            links.setdefault(a, set()).add(b)
+            links.setdefault(b, set()).add(a)
+    todo = list(blamed)
+    while todo:
+        for peer in links.get(todo.pop(), ()):
+            if peer not in blamed and peer not in out:
+                out.add(peer)
+                todo.append(peer)
     return out
 
 

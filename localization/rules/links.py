@@ -44,7 +44,9 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
         # Clean observations only count from when the slowness was there: the median
         # start of the slow hits, not the first (an outlier before the fault began
         # would let pre-fault traffic pass for clean evidence).
-        since = int(np.median([f.start_ns for fs in slow.values() for f in fs]))
+        # The starts and the observations' ends are on different nodes' clocks: only an
+        # observation ending a skew bound after ``since`` surely followed it.
+        since = int(np.median([f.start_ns for fs in slow.values() for f in fs])) + p.clock_skew_ns
         for key, obs in links.obs.items():
             if key in slow:
                 continue

@@ -64,9 +64,10 @@ def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
             last = st.p2p_issued.get((f.comm_id, peer or ""))
             end = ev.data_end.get(peer or "")
             # as in Evidence.stalled: without a known data end (streaming), the stall
-            # itself was only reported after stall_ns of the sender's data
+            # itself was only reported after stall_ns of the sender's data. The receiver's
+            # data end and the send's start are two nodes' clocks: the skew bound on top.
             if (peer is not None and last is not None and last < f.seq
-                    and (end is None or end - f.start_ns >= p.stall_ns)):
+                    and (end is None or end - f.start_ns >= p.stall_ns + p.clock_skew_ns)):
                 out.append(Finding(ABSENT, f.comm_id, f.seq, rank, peer, peer, 0.0, 1.0, "started",
                                    f.start_ns, f.start_ns))
     return out

@@ -101,3 +101,29 @@ def test_late_after_a_normal_gap_behind_a_late_previous_operator_waited_for_the_
 def test_late_after_a_long_compute_gap_is_its_own():
     assert not _gap_case(own_prev_end=0)
     assert not _gap_case(own_prev_end=50 * MS, late_gap_frac=0.0)  # veto off
+
+
+def test_the_gap_veto_allows_for_the_clock_skew_bound():
+    # rank 0's gap ends at its ring predecessor's end (another node's clock): 55 - 22 = 33 ms
+    # against the others' 5 ms, 28 ms more for 50 ms of lateness. With clocks 1 ms apart that
+    # is more than half the lateness plus two skews (27 ms): its own compute. With 3 ms it
+    # may be the clocks: explained (no compute-slow blame).
+    assert not _gap_case(own_prev_end=0, pred_prev_end=22 * MS, clock_skew_ns=MS)
+    assert _gap_case(own_prev_end=0, pred_prev_end=22 * MS, clock_skew_ns=3 * MS)
+
+
+def test_the_whole_pipeline_chain_of_a_blamed_node_waits_for_it():
+    from pulse.localization.rules.late import waits_on
+
+    # three stages: A (stage 0) <-> B (stage 1) <-> C (stage 2); D is another chain's
+    ev, p = evidence()
+    ev.topo.add(synth.comm_events("pp-s0", [0, 1], ["mlx5_0", "mlx5_0"], 1))
+    ev.topo.add(synth.comm_events("pp-s1", [1, 2], ["mlx5_0", "mlx5_0"], 3))
+    ev.topo.add(synth.comm_events("pp-x", [3, 4], ["mlx5_0", "mlx5_0"], 5))
+    assert waits_on(ev, {C}) == {A, B}   # two hops away: late for the same reason
+    assert waits_on(ev, {A}) == {B, C}
+    assert waits_on(ev, {B}) == {A, C}
+    assert waits_on(ev, set()) == set()
+    fill(ev, A, "c0")
+    assert late_hypotheses(ev, p, set(), {C}) == {}  # C's open incident explains A's lateness
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]

@@ -12,7 +12,7 @@ P = LocalizeParams()
 
 
 def test_link_state_needs_persistent_slowness_and_recent_clean_observations():
-    ev, p = evidence()
+    ev, p = evidence(clock_skew_ns=0)  # operators 1 ms apart: clocks taken as exact here
     observe(ev, ep("a"), ep("b"), [False] * 6 + [True] * 6)       # slow in 6 of 12: persistent
     observe(ev, ep("c"), ep("d"), [True, False, False] * 4)        # 4 of 12: below persist_frac
     observe(ev, ep("a", 1), ep("d", 1), [False] * 12)              # clean since the slowness began
@@ -22,6 +22,22 @@ def test_link_state_needs_persistent_slowness_and_recent_clean_observations():
     assert (ep("a", 1), ep("d", 1)) in clean
     assert (ep("b"), ep("c")) not in clean
     assert (ep("c"), ep("d")) not in clean  # slow in a third of its recent observations
+
+
+def test_clean_observations_must_follow_the_slowness_by_the_clock_skew_bound():
+    # the slow hits start at 6-11 ms (median 8.5 ms, one node's clock); a clean link's
+    # observations on other nodes' clocks count only from 8.5 ms + the skew bound on
+    def clean_with(skew_ms: int) -> bool:
+        ev, p = evidence(clock_skew_ns=skew_ms * MS)
+        observe(ev, ep("a"), ep("b"), [False] * 6 + [True] * 6)
+        observe(ev, ep("a", 1), ep("d", 1), [False] * 12)  # ends at 0-11 ms
+        return (ep("a", 1), ep("d", 1)) in link_state(ev, p)[1]
+
+    assert clean_with(0) and clean_with(1) is False  # 9.5 ms on: two observations, < link_min_obs
+    ev, p = evidence(clock_skew_ns=MS)
+    observe(ev, ep("a"), ep("b"), [False] * 6 + [True] * 6)
+    observe(ev, ep("a", 1), ep("d", 1), [False] * 12, t0=2 * MS)  # 2-13 ms: four after 9.5 ms
+    assert (ep("a", 1), ep("d", 1)) in link_state(ev, p)[1]
 
 
 def test_link_state_ignores_links_of_nodes_without_data():

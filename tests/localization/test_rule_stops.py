@@ -124,3 +124,57 @@ def test_a_send_stalled_on_a_receive_never_posted_blames_the_receiver():
     ev.stops.p2p_issued[("p", B)] = 5  # it did post it: the sender is stuck on its network
     assert unposted_receivers(ev, p) == []
     assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+
+
+# -- the clock-skew bound (LocalizeParams.clock_skew_ns) ------------------------------------
+
+def test_first_stalls_span_the_clock_skew_bound():
+    # A's NIC dies: its stall and a victim stall 3 ms later on D's clock (D -> B, C, E).
+    # With clocks 1 ms apart at most, the victim is later: A. With clocks possibly 5 ms
+    # apart it may have been first: no single node stands out (the victim's three links).
+    def stops(skew_ms: int):
+        ev, p = evidence(clock_skew_ns=skew_ms * MS)
+        ev.stops.stalls += [stall(A, B), stall(C, A, sent=0.5)]
+        ev.stops.stalls += [stall(D, x, end=13 * MS) for x in (B, C, E)]
+        return list(stop_hypotheses(ev, p))
+    assert stops(1) == [("network-stop", (A,))]
+    assert stops(5) != [("network-stop", (A,))]
+
+
+def test_alive_after_a_stall_must_be_the_skew_bound_past_it():
+    def got(skew_ms: int):
+        ev, p = evidence(clock_skew_ns=skew_ms * MS)
+        ev.stops.stalls += [stall(A, B), stall(B, A)]  # both end at 10 ms
+        t = 12 * MS  # A's NIC moves bytes with a third party 2 ms after the stall (A's clock)
+        ev.alive.note(synth.record("other", 0, 0, 0, kind="AllReduce", nranks=2, start=t, end=t + 100,
+                                   t_host=t, nic="mlx5_0"))
+        return list(stop_hypotheses(ev, p))
+    assert got(1) == [("network-stop", (B,))]
+    assert got(3) == [("network-stop", (A, B))]  # 2 ms may be the clocks: the pair
+
+
+def test_an_unposted_receive_needs_the_receivers_data_a_stall_plus_the_skew_past_the_send():
+    ev, p = evidence(clock_skew_ns=5 * MS)
+    _p2p(ev)
+    ev.stops.p2p_seen["p"] = 5
+    ev.stops.stalls.append(finding(STALL, A, comm="p", seq=5, rank=0, value=0.0, metric="sent_fraction",
+                                   start=MS, end=2 * MS, to=(ep(B),)))
+    ev.stops.p2p_issued[("p", B)] = 4
+    ev.data_end[B] = MS + p.stall_ns + 4 * MS  # B's clock may be 5 ms ahead of A's
+    assert unposted_receivers(ev, p) == []
+    ev.data_end[B] = MS + p.stall_ns + 5 * MS
+    assert [(f.kind, f.node) for f in unposted_receivers(ev, p)] == [(ABSENT, B)]
+
+
+def test_a_stall_before_a_late_peer_issued_allows_for_the_clock_skew_bound():
+    from pulse.localization.observations import OpView, _stalled_on_late_peer
+
+    # rank 0 issued at 0 and stalled (last byte at 60 ms, its clock); rank 1 issued 58 ms
+    # on its own clock: perhaps after the stall, if the clocks are 2 ms apart or more
+    recs = [synth.record("c", 0, 0, 0, kind="AllReduce", nranks=2, start=MS, end=60 * MS, t_host=0,
+                         nic="mlx5_0"),
+            synth.record("c", 0, 1, 1, kind="AllReduce", nranks=2, start=59 * MS, end=60 * MS, t_host=58 * MS,
+                         nic="mlx5_0")]
+    view = OpView("c", 0, "AllReduce", {0: A, 1: B}, recs, [ep(A), ep(B)], [(ep(B),), (ep(A),)], [True, True])
+    assert not _stalled_on_late_peer(view, 0, evidence(clock_skew_ns=MS)[1])
+    assert _stalled_on_late_peer(view, 0, evidence(clock_skew_ns=2 * MS)[1])

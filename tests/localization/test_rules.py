@@ -366,7 +366,7 @@ def test_both_ends_alive_during_the_silence_stays_a_group():
 def test_aliveness_inside_the_clock_offset_margin_does_not_count():
     # a grant 3 ms into a 6 ms wait is not evidence if the clocks may be 3 ms apart
     evs, ms = _silent_pair({3: 1})
-    got = culprits(localize(ms, evs, LocalizeParams(rail_alive_margin_ns=3_500_000)))
+    got = culprits(localize(ms, evs, LocalizeParams(clock_skew_ns=3_500_000)))
     assert got == {("network-slow", "group", ("node-02", "node-03"))}
 
 
@@ -549,7 +549,7 @@ def test_new_parameters_reject_bad_values():
 
     from pulse.errors import ConfigError
 
-    for bad in ({"hypotheses_every_ns": -1}, {"rail_alive_margin_ns": -5}, {"rail_alive_min": 0},
+    for bad in ({"hypotheses_every_ns": -1}, {"clock_skew_ns": -5}, {"rail_alive_min": 0},
                 {"late_min_ranks": 0}):
         with pytest.raises(ConfigError, match=next(iter(bad))):
             LocalizeParams(**bad)

@@ -77,3 +77,56 @@ def test_method_filter():
     vs = [v("network-slow", ["node-03"], method="baseline"), v("network-slow", ["node-02"])]
     assert score(vs, TRUTH, method="baseline").outcome == "node"
     assert score(vs, TRUTH, method="pulse").outcome == "misdiagnosed"
+
+
+# -- every incident scored ---------------------------------------------------------------
+
+GPU = {"scenario": "gpu-slow", "seed": 1, "kind": "compute-slow", "level": "node",
+       "culprit": {"nodes": ["node-02"]}, "onset_ns": 0}
+
+
+def test_a_later_incident_on_healthy_nodes_is_a_misdiagnosis_on_every_incident():
+    # the case: the right node first, then two healthy pipeline stage-mates
+    vs = [v("compute-slow", ["node-02"], at=1), v("compute-slow", ["node-00"], at=2),
+          v("compute-slow", ["node-04"], at=3)]
+    s = score(vs, GPU)
+    assert (s.outcome, s.outcome_all) == ("node", "misdiagnosed")
+    assert (s.incidents, s.correct_incidents, s.blaming_incidents, s.exact_incidents) == (3, 1, 2, 1)
+    sm = summarize([s], "pulse")
+    assert (sm.node, sm.misdiagnosed) == (1, 0)
+    assert (sm.node_all, sm.misdiagnosed_any, sm.recall_all) == (0, 1, 0.0)
+    assert abs(sm.precision - 1 / 3) < 1e-9 and abs(sm.precision_all - 1 / 3) < 1e-9
+
+
+def test_a_group_holding_the_culprit_and_a_healthy_node_blames_the_healthy_one():
+    s = score([v("network-slow", ["node-02", "node-03"])], TRUTH)
+    assert (s.outcome, s.outcome_all, s.blaming_incidents, s.exact_incidents) == ("group", "misdiagnosed", 1, 0)
+    sm = summarize([s], "pulse")
+    assert (sm.precision, sm.precision_all, sm.group, sm.group_all) == (1.0, 0.0, 1, 0)
+
+
+def test_a_wrong_kind_on_the_culprit_alone_blames_nobody_healthy():
+    s = score([v("network-slow", ["node-03"], at=1), v("compute-slow", ["node-03"], at=2)], TRUTH)
+    assert (s.outcome, s.outcome_all, s.blaming_incidents, s.exact_incidents) == ("node", "node", 0, 1)
+    assert summarize([s], "pulse").precision_all == 0.5
+
+
+def test_a_wrong_first_incident_stays_a_misdiagnosis_on_every_incident():
+    s = score([v("compute-slow", ["node-03"], at=1), v("network-slow", ["node-03"], at=2)], TRUTH)
+    assert (s.outcome, s.outcome_all) == ("misdiagnosed", "misdiagnosed")
+
+
+def test_path_truth_every_incident_inside_the_path_is_no_blame():
+    s = score([v("path", ["node-01", "node-05"], at=1), v("network-slow", ["node-05"], at=2)], PATH)
+    assert (s.outcome, s.outcome_all, s.blaming_incidents, s.exact_incidents) == ("group", "group", 0, 2)
+    s2 = score([v("path", ["node-01", "node-05"], at=1), v("network-slow", ["node-02"], at=2)], PATH)
+    assert (s2.outcome, s2.outcome_all) == ("group", "misdiagnosed")
+
+
+def test_healthy_and_missed_runs_on_every_incident():
+    fa = score([v("network-slow", ["node-00"]), v("path", ["node-01", "node-02"])], HEALTHY)
+    assert (fa.outcome_all, fa.blaming_incidents, fa.exact_incidents) == ("false-alarm", 2, 0)
+    assert score([], HEALTHY).outcome_all == "healthy-ok"
+    assert score([], TRUTH).outcome_all == "missed"
+    sm = summarize([fa, score([], TRUTH)], "pulse")
+    assert (sm.false_alarms, sm.misdiagnosed_any, sm.precision_all, sm.recall_all) == (1, 0, 0.0, 0.0)

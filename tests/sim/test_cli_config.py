@@ -83,3 +83,17 @@ def test_cli_json_summary(tmp_path: Path) -> None:
     assert s["scenario"] == "gpu-slow" and s["gpus"] == 4 and s["nodes"] == 4
     assert s["simulated_s"] > 0.1 and s["batches"] > 0 and s["events"] > 0 and s["out"] == str(out)
     assert (out / "truth.json").exists() and (out / "oplevel.jsonl").exists()
+
+
+def test_cli_clock_skew_draws_offsets_in_the_bound(tmp_path: Path) -> None:
+    out = tmp_path / "t"
+    r = CliRunner().invoke(main, ["sim", "--seed", "3", "--nodes", "4", "--gpus-per-node", "1",
+                                  "--nics-per-node", "1", "--steps", "1", "--clock-skew-us", "5000",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    offsets = orjson.loads((out / "truth.json").read_bytes())["clock_offsets_ns"]
+    assert len(offsets) == 4 and all(abs(o) <= 5_000_000 for o in offsets.values())
+    assert max(abs(o) for o in offsets.values()) > 100_000  # not the 100 us default
+    for bad in ("-1", "10001", "nan"):
+        r = CliRunner().invoke(main, ["sim", "--clock-skew-us", bad, "--out", str(tmp_path / "x")])
+        assert r.exit_code == 2 and "--clock-skew-us" in r.output and "<= 10000" in r.output

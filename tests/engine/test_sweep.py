@@ -1,0 +1,111 @@
+"""``pulse eval --sweep``: the random draws (engine/sweep.py) and a tiny sweep end to end."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import orjson
+import pytest
+from click.testing import CliRunner
+from pulse.engine import diagnose
+from pulse.engine.sweep import EPOCH_CHOICES_US, SweepLimits, draw, draws
+from pulse.localization import LocalizeParams, score
+from pulse.sim.config import SimConfig
+from pulse.sim.scenarios import SCENARIOS
+
+from pulse.cli import main
+from pulse.errors import ConfigError
+from pulse.trace import read_truth
+
+TINY = ["--max-nodes", "4", "--max-gpus-per-node", "2", "--sweep-steps", "6"]
+
+
+def _config(d) -> SimConfig:
+    return SimConfig(scenario=d.scenario, seed=d.seed, nodes=d.nodes, gpus_per_node=d.gpus_per_node,
+                     nics_per_node=d.nics_per_node, pp=d.pp, steps=d.steps, epoch_us=d.epoch_us,
+                     workload=d.workload, severity=d.severity, onset_ms=d.onset_ms, algo=d.algo,
+                     bucket_mb=d.bucket_mb, clock_offset_us=d.clock_skew_us)
+
+
+def test_draws_are_deterministic_per_seed_and_index() -> None:
+    assert draws(6, 7) == draws(6, 7)
+    assert draws(6, 7) != draws(6, 8)
+    assert draw(7, 4) == draws(6, 7)[4]  # one run can be drawn on its own
+
+
+def test_every_draw_is_a_valid_simulation_in_the_documented_ranges() -> None:
+    ds = [d for seed in range(4) for d in draws(12, seed)]
+    for d in ds:
+        rc = _config(d).resolved()  # raises on anything the simulator rejects
+        assert 4 <= d.nodes <= 32 and d.gpus_per_node in (4, 8) and d.gpus_per_node % d.nics_per_node == 0
+        assert 1 <= d.pp <= 4 and d.nodes % d.pp == 0 and rc.dp >= 2
+        assert d.epoch_us in EPOCH_CHOICES_US and 16 <= d.epoch_us <= 128
+        assert 0 <= d.clock_skew_us <= 5000 and d.workload in SCENARIOS[d.scenario].workloads
+        rng = SCENARIOS[d.scenario].severity_range
+        assert (d.severity is None) == (rng is None)
+        if rng is not None:
+            assert rng[0] <= d.severity <= rng[1]
+        assert (d.onset_ms is None) == (d.scenario == "healthy")
+        assert d.onset_ms is None or d.onset_ms > 0
+    names = {d.scenario for d in ds}
+    assert "healthy" in names and len(names) >= 8  # healthy ~1 in 5, the rest spread over the battery
+    assert len({(d.nodes, d.gpus_per_node, d.nics_per_node, d.pp) for d in ds}) > len(ds) // 2
+
+
+def test_limits_cap_the_sizes_and_bad_limits_are_config_errors() -> None:
+    lim = SweepLimits(max_nodes=6, max_gpus_per_node=2, steps=5, max_skew_us=10.0)
+    for d in draws(16, 3, lim):
+        assert 4 <= d.nodes <= 6 and d.gpus_per_node == 2 and d.nics_per_node == 2 and d.steps == 5
+        assert d.clock_skew_us <= 10.0
+        _config(d).resolved()
+    for bad in (SweepLimits(max_nodes=3), SweepLimits(max_gpus_per_node=0), SweepLimits(max_skew_us=20_000),
+                SweepLimits(steps=0)):
+        with pytest.raises(ConfigError):
+            draw(0, 0, bad)
+    with pytest.raises(ConfigError, match="--sweep 0"):
+        draws(0, 0)
+
+
+def test_the_replay_command_is_the_drawn_simulation() -> None:
+    d = draws(5, 2)[0]
+    args = shlex.split(d.command(("--job", "x")))
+    assert args[:2] == ["pulse", "sim"]
+    opts = dict(zip(args[2::2], args[3::2], strict=False))
+    assert opts["--scenario"] == d.scenario and int(opts["--seed"]) == d.seed and int(opts["--nodes"]) == d.nodes
+    assert float(opts["--clock-skew-us"]) == d.clock_skew_us and opts["--job"] == "x"
+
+
+def test_sweep_options_conflict_with_the_battery_choice() -> None:
+    r = CliRunner().invoke(main, ["eval", "--sweep", "2", "--scenarios", "nic-slow"])
+    assert r.exit_code == 2 and "--sweep" in r.output
+    r = CliRunner().invoke(main, ["eval", "--sweep", "0"])
+    assert r.exit_code == 2 and "--sweep" in r.output and "out of range" in r.output  # a usage error
+
+
+def test_a_tiny_sweep_end_to_end_and_a_replay_of_one_run(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["eval", "--sweep", "3", "--sweep-seed", "1", *TINY, "--jobs", "1", "--json"])
+    assert r.exit_code == 0, r.output
+    obj = orjson.loads(r.stdout)
+    assert obj["sweep"] == {"runs": 3, "seed": 1, "clock_skew_bound_ns": 10_000_000}  # +-5 ms drawn
+    rows = obj["runs"]
+    assert sorted((x["index"], x["method"]) for x in rows) == [(i, m) for i in range(3) for m in ("baseline", "pulse")]
+    for x in rows:
+        assert x["replay"].startswith("pulse sim --scenario ") and x["draw"]["nodes"] == 4
+        assert x["outcome_all"] in ("node", "group", "misdiagnosed", "missed", "healthy-ok", "false-alarm")
+    wrong = {x["index"] for x in rows if x["method"] == "pulse"
+             and {x["outcome"], x["outcome_all"]} & {"missed", "misdiagnosed", "false-alarm"}}
+    assert {x["index"] for x in obj["wrong"]} == wrong
+    for m in ("pulse", "baseline"):
+        s = obj["summary"][m]
+        assert s["runs"] + s["healthy_runs"] == 3 and "precision_all" in s and "misdiagnosed_any" in s
+    # the printed command line gives the same trace, hence the same answer
+    pulse_row = next(x for x in rows if x["method"] == "pulse" and x["index"] == 0)
+    out = tmp_path / "replay"
+    args = shlex.split(pulse_row["replay"])[2:]
+    args[args.index("--out") + 1] = str(out)
+    rr = CliRunner().invoke(main, ["sim", *args])
+    assert rr.exit_code == 0, rr.output
+    again = score(diagnose(out, LocalizeParams(clock_skew_ns=10_000_000)).verdicts, read_truth(out), method="pulse")
+    assert (again.outcome, again.outcome_all, again.named) == (
+        pulse_row["outcome"], pulse_row["outcome_all"], pulse_row["named"])
