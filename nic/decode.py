@@ -221,7 +221,8 @@ def _decode_one(b, p, end, wend, lt, op_cls, op_ext):
         total = _be16(b, q + 2)
         if total == 0:  # TSO/BIG TCP super-packet: length from the wire
             total = wend - q
-        if ihl < 20 or total < ihl:
+        # a length beyond what the packet had on the wire is a lie, not bytes to count
+        if ihl < 20 or total < ihl or total > wend - q:
             return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
         if (_be16(b, q + 6) & 0x3FFF) != 0:
             return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_FRAGMENT
@@ -239,6 +240,8 @@ def _decode_one(b, p, end, wend, lt, op_cls, op_ext):
         plen = _be16(b, q + 4)
         if plen == 0:  # jumbogram / BIG TCP
             plen = wend - q - 40
+        if plen > wend - q - 40:
+            return K_SKIP, fam, src_hi, src_lo, dst_hi, dst_lo, 0, 0, 0, 0, 0, 0, D_MALFORMED
         nh = np.int64(b[q + 6])
         fam = FAM_IP6
         src_hi = _be64u(b, q + 8)

@@ -123,13 +123,22 @@ def _pcap_kernel(buf, swap, nano, start, fill, offset, caplen, wirelen, ts_ns, s
     return k
 
 
+MAX_TS_NS = 1 << 62
+"""Latest packet time Pulse takes (ns since 1970: the year 2116). A pcapng timestamp or
+offset beyond it is damaged, and int64 arithmetic on it would wrap to 1970 or below."""
+_MAX_TS_S = MAX_TS_NS // 1_000_000_000
+
+
 @numba.njit(cache=True)
 def _ts_to_ns(ts, res_base2, res_exp):
-    """A pcapng 64-bit timestamp in units of 10^-exp or 2^-exp seconds -> ns (floor)."""
+    """A pcapng 64-bit timestamp in units of 10^-exp or 2^-exp seconds -> ns (floor), or -1
+    when it lies beyond ``MAX_TS_NS``."""
     if res_base2:
+        sec = ts >> res_exp
+        if sec >= _MAX_TS_S:
+            return -1
         if res_exp == 0:
             return ts * 1_000_000_000
-        sec = ts >> res_exp
         frac = ts & ((np.int64(1) << res_exp) - 1)
         if res_exp > 30:
             frac = frac >> (res_exp - 30)
@@ -139,11 +148,26 @@ def _ts_to_ns(ts, res_base2, res_exp):
         m = np.int64(1)
         for _ in range(9 - res_exp):
             m *= 10
+        if ts > MAX_TS_NS // m:
+            return -1
         return ts * m
     d = np.int64(1)
     for _ in range(res_exp - 9):
         d *= 10
     return ts // d
+
+
+@numba.njit(cache=True)
+def _packet_ns(ts, res_base2, res_exp, tsoff):
+    """The packet's time with its interface's ``if_tsoffset`` (seconds) added, or -1 when
+    either is out of range or the sum leaves [0, MAX_TS_NS)."""
+    t = _ts_to_ns(ts, res_base2, res_exp)
+    if t < 0 or tsoff >= _MAX_TS_S or tsoff <= -_MAX_TS_S:
+        return -1
+    t += tsoff * 1_000_000_000
+    if t < 0 or t >= MAX_TS_NS:
+        return -1
+    return t
 
 
 @numba.njit(cache=True)
@@ -234,8 +258,9 @@ def _pcapng_kernel(buf, fill, offset, caplen, wirelen, ts_ns, iface, skipped,
                             v = (_u32(buf, o + 4, swap) << 32) | _u32(buf, o + 8, swap)
                         else:
                             v = (_u32(buf, o + 8, swap) << 32) | _u32(buf, o + 4, swap)
-                        if -(1 << 33) < v < (1 << 33):
-                            if_tsoff[nif] = v
+                        # an offset of centuries is damage: kept, so that every packet of
+                        # the interface is counted as a bad timestamp (never silently unshifted)
+                        if_tsoff[nif] = v if -(1 << 33) < v < (1 << 33) else np.int64(1) << 62
                     elif code == 2 and olen > 0:
                         if_name_off[nif] = o + 4
                         if_name_len[nif] = olen
@@ -258,16 +283,15 @@ def _pcapng_kernel(buf, fill, offset, caplen, wirelen, ts_ns, iface, skipped,
                 elif g >= nif:
                     if fill:
                         skipped[R_NO_INTERFACE] += 1
-                elif th >= (1 << 31):
+                elif th >= (1 << 31) or _packet_ns((th << 32) | tl, if_base2[g], if_exp[g], if_tsoff[g]) < 0:
                     if fill:
                         skipped[R_BAD_TIMESTAMP] += 1
                 else:
                     if fill:
-                        t = _ts_to_ns((th << 32) | tl, if_base2[g], if_exp[g])
                         offset[k] = body + 20
                         caplen[k] = cl
                         wirelen[k] = wl if wl >= cl else cl
-                        ts_ns[k] = t + if_tsoff[g] * 1_000_000_000
+                        ts_ns[k] = _packet_ns((th << 32) | tl, if_base2[g], if_exp[g], if_tsoff[g])
                         iface[k] = g
                     k += 1
         elif btype == 3:  # Simple Packet Block: no timestamp

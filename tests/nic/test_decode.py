@@ -252,3 +252,22 @@ def test_flow_events_bind_addresses_and_qpns(tmp_path):
     for f in conv.summary["flows"]:
         per[f["dest_qpn"]] += f["acks"]
     assert per[0x17] == 2   # counted on both sides' flow
+
+
+@pytest.mark.parametrize("v6", [False, True])
+def test_an_ip_length_beyond_the_packet_is_malformed_not_counted(tmp_path, v6):
+    """A header claiming more bytes than the packet carried on the wire must not inflate the
+    flow's volume (a damaged or forged capture): the packet is dropped as malformed."""
+    src, dst = ("fd00::1", "fd00::2") if v6 else ("10.0.0.1", "10.0.0.2")
+    good = tcp_frame(src, dst, 5000, 6000, 1, 1000, v6=v6)
+    bad = bytearray(good)
+    if v6:
+        struct.pack_into(">H", bad, 14 + 4, 65000)   # IPv6 payload length
+    else:
+        struct.pack_into(">H", bad, 14 + 2, 65000)   # IPv4 total length
+    p = tmp_path / "x.pcap"
+    write_pcap(str(p), [(T0, good), (T0 + 1000, bytes(bad))])
+    conv = convert_file(p)
+    tx = sum(int(b.tx_bytes.sum()) for b in conv.batches)
+    assert tx == 1000, tx  # the good packet only
+    assert conv.summary["skipped"].get("malformed") == 1, conv.summary["skipped"]

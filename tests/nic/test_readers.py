@@ -262,3 +262,24 @@ def test_fused_pcap_prefetch_distance_changes_nothing(data):
             got = np.concatenate([getattr(c[1], col) for c in chunks]) if chunks else np.zeros(0)
             assert got.tolist() == getattr(ref, col).tolist(), (ahead, col)
         assert counts[:8].tolist() == ix.skipped.tolist()
+
+
+@pytest.mark.parametrize(("tsresol", "units", "tsoffset"), [
+    (None, ((1 << 31) - 1) << 32, None),        # ts_high just under 2^31 at the default µs: 2^63 ns would wrap
+    (9, (1 << 63) - 1, None),                   # ns units: the largest value is past 2116
+    (0x80 | 20, ((1 << 31) - 1) << 32, None),   # 2^-20 s units: seconds beyond 2116
+    (None, 1_764_460_800_000_000, 1 << 40),     # a fine timestamp with an absurd if_tsoffset
+    (None, 1_764_460_800_000_000, -(1 << 40)),  # ... or one that takes it below 1970
+])
+def test_pcapng_timestamps_that_would_overflow_are_counted_not_wrapped(tmp_path, tsresol, units, tsoffset):
+    frame = roce_frame("10.0.0.1", "10.0.0.2", 0x0A, 0x11, 100)
+    good = to_units(T0, tsresol) if tsoffset is None else units
+    blob = (pcapng_shb() + pcapng_idb(1, tsresol=tsresol, tsoffset=tsoffset)
+            + pcapng_epb(0, units, frame) + pcapng_epb(0, good, frame))
+    p = tmp_path / "x.pcapng"
+    p.write_bytes(blob)
+    ix = read_file(p)
+    got = ix.ts_ns.tolist()
+    assert all(0 <= t < 1 << 62 for t in got), got  # never 1970-wrapped or negative
+    assert ix.skip_counts().get("bad_timestamp", 0) == (2 if tsoffset is not None else 1)
+    assert len(got) == (0 if tsoffset is not None else 1)
