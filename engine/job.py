@@ -22,7 +22,7 @@ from pulse.events import HookEvent
 from pulse.records import DataEnd, Incident, OpMetrics, Verdict
 from pulse.samples import EpochBatch
 
-from .localize_stage import HOLD_NS, IDLE_S, Judged, LocalizeStage
+from .localize_stage import HOLD_NS, IDLE_S, JOB_IDLE_S, Judged, LocalizeStage
 from .segment_stage import SegmentOutput, SegmentStage
 
 
@@ -30,18 +30,20 @@ class Localizers:
     """One :class:`LocalizeStage` per job, created on the job's first record."""
 
     def __init__(self, params: LocalizeParams | None = None, *, hold_ns: int = HOLD_NS, idle_s: float = IDLE_S,
-                 budget_s: float | None = None) -> None:
+                 budget_s: float | None = None, job_idle_s: float = JOB_IDLE_S) -> None:
         self.params = params if params is not None else LocalizeParams()
         self.hold_ns = hold_ns
         self.idle_s = idle_s
         self.budget_s = budget_s
+        self.job_idle_s = job_idle_s
         self.jobs: dict[str, LocalizeStage] = {}
         self.verdicts = 0
 
     def stage(self, job: str) -> LocalizeStage:
         st = self.jobs.get(job)
         if st is None:
-            st = self.jobs[job] = LocalizeStage(job, self.params, hold_ns=self.hold_ns, idle_s=self.idle_s)
+            st = self.jobs[job] = LocalizeStage(job, self.params, hold_ns=self.hold_ns, idle_s=self.idle_s,
+                                                job_idle_s=self.job_idle_s)
         return st
 
     def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd]) -> None:
@@ -59,10 +61,11 @@ class Localizers:
         with a budget, call it again while ``backlog``)."""
         now = time.monotonic() if now is None else now
         budget = self.budget_s if budget_s == -1.0 else budget_s
+        out = Judged()
         for st in self.jobs.values():
             st.release(now)
+            out.extend(st.ended(now))
         deadline = None if budget is None else time.monotonic() + budget
-        out = Judged()
         for st in self.jobs.values():
             got, cut = st.judge(deadline)
             out.extend(got)

@@ -32,6 +32,11 @@ HOLD_NS = 1_000_000_000
 IDLE_S = 0.5
 """Wall time without any record after which everything held goes out (a live job paused
 or ended; offline runs never idle, they call ``finish``)."""
+JOB_IDLE_S = 60.0
+"""Wall time without any operator record after which a live job is taken as ended: its open
+incidents are resolved (``job-ended``), so an alert does not fire for ever after the job died
+or was stopped. Longer than a checkpoint pause of most jobs' steps; offline runs never idle
+(their input ends with ``finish``)."""
 JUDGE_STEP = 64
 """Records per localizer call when a time budget applies (about 30 ms at 64 GPUs)."""
 
@@ -66,12 +71,15 @@ class LocalizeStage:
     """One job's aligner, localizer and incident tracker."""
 
     def __init__(self, job: str, params: LocalizeParams | None = None, *, hold_ns: int = HOLD_NS,
-                 idle_s: float = IDLE_S) -> None:
+                 idle_s: float = IDLE_S, job_idle_s: float = JOB_IDLE_S) -> None:
         self.job = job
         self.localizer = Localizer(params, job=job or None)
         self.aligner = Aligner(hold_ns, idle_s)
         self.tracker = IncidentTracker(job)
         self.data_end = 0
+        self.job_idle_s = job_idle_s
+        self.last_record: float | None = None
+        """Wall time of the latest operator record (None: none yet)."""
         self.backlog: collections.deque[OpMetrics] = collections.deque()
         self.metrics = 0
         self.verdicts = 0
@@ -99,6 +107,8 @@ class LocalizeStage:
             self.aligner.add(rec, now)
             n += 1
         self.metrics += n
+        if n:
+            self.last_record = now
 
     def release(self, now: float, *, flush: bool = False) -> None:
         """Move what the aligner holds long enough (everything with ``flush``) to the
@@ -116,6 +126,13 @@ class LocalizeStage:
                 cut = True
                 break
         return self._judged(out), cut
+
+    def ended(self, now: float) -> Judged:
+        """When no record came for ``job_idle_s``: the open incidents are resolved (the job
+        ended). The localizer keeps its state: a job that comes back is judged on."""
+        if not self.tracker.open or self.last_record is None or now - self.last_record < self.job_idle_s:
+            return Judged()
+        return Judged(incidents=self.tracker.finish(self.data_end or None))
 
     def finish(self) -> Judged:
         """The end of the input: release and judge everything, the localizer's last word,
