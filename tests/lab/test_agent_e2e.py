@@ -175,10 +175,11 @@ def test_agents_give_the_lab_verdict(broker: str, tmp_path: Path) -> None:
         assert isinstance(f["drops"]["capture_kernel"], int) and f["drops"]["capture_kernel"] >= 0, (name, f)
         assert f["published"].get("batches", 0) > 0, (name, f["published"])
         # Gloo opens a full mesh, but a ring AllReduce's data crosses only the send flow to
-        # the successor and the receive flow from the predecessor: those two must be bound.
-        # The connections to the other peers are bound too when their owner and peer are seen
-        # in time (2 * (RANKS - 1) in all); on a loaded runner some are not yet at the end
-        # (seen: 4 of 6), which the diagnosis above does not depend on.
+        # the successor and the receive flow from the predecessor: at least two flows must be
+        # bound (the diagnosis above shows they were the right ones). The connections to the
+        # other peers are bound too when their owner and peer are seen in time
+        # (2 * (RANKS - 1) in all); on a loaded runner some are not yet at the end (seen: 4 of
+        # 6), a known limit of the agent's TCP join.
         assert 2 <= f["join"]["bound_flows"] <= 2 * (RANKS - 1), (name, f["join"])
         assert f["publisher"]["dropped"] == 0 and f["publisher"]["spool_bytes"] == 0, (name, f["publisher"])
     assert rec.get("dead_letters", 0) == 0
