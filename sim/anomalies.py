@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from pulse.sim.engine import BURST_BLOCK_NS, BURST_LEFT, Anomaly
+from pulse.sim.engine import Anomaly
+from pulse.sim.kernel_state import BURST_BLOCK_NS, BURST_LEFT
 from pulse.sim.workload import Job, rail
 
 

@@ -10,15 +10,14 @@ from typing import Any
 
 import numpy as np
 from pulse.sim.anomalies import Culprit, build_anomaly
+from pulse.sim.batches import BatchStream, nic_name, node_name
 from pulse.sim.config import ResolvedConfig, SimConfig
 from pulse.sim.engine import RunResult, run_engine
 from pulse.sim.trees import comm_trees
 from pulse.sim.workload import Job, build_job, rail
 
 from pulse import events as ev
-from pulse.errors import EncodeError
 from pulse.records import OpLevel
-from pulse.samples import EpochBatch
 from pulse.trace import TraceWriter
 
 T_BASE_NS = 1_796_000_000 * 1_000_000_000
@@ -51,14 +50,6 @@ class SimSummary:
         return dataclasses.asdict(self)
 
 
-def node_name(i: int) -> str:
-    return f"node-{i:02d}"
-
-
-def nic_name(k: int) -> str:
-    return f"mlx5_{k}"
-
-
 def simulate(config: SimConfig, out: str | Path,
              progress: Callable[[int, int], None] | None = None) -> SimSummary:
     """Simulate ``config`` and write a trace directory at ``out`` (must be empty or absent)."""
@@ -84,10 +75,12 @@ def simulate(config: SimConfig, out: str | Path,
     epoch = rc.epoch_ns
     eoff = -(-1_000_000 // epoch) * epoch + epoch * (-(-2 * span // epoch))
     qpn = _assign_qpns(job, rng)
-    res = run_engine(job, an, offsets, eoff, cfg.seed, progress=progress)
     t_grid0 = T_BASE_NS - eoff
     with TraceWriter(out, job=cfg.job, epoch_ns=epoch, meta={"source": "pulse-sim"}) as w:
-        nb, nrows = _write_batches(w, job, res, qpn, epoch, t_grid0, offsets, eoff)
+        stream = BatchStream(w, job, qpn, t_grid0)
+        res = run_engine(job, an, offsets, eoff, cfg.seed, progress=progress, sink=stream.add)
+        last_e = (res.t_end_ns + int(offsets.max()) + eoff) // epoch
+        nb, nrows = stream.finish(last_e)
         _write_events(w, job, res, qpn, offsets)
         _write_oplevel(w, job, res, offsets)
         w.write_truth(_truth(job, res, qpn, offsets, culprit, onset, t_grid0, eoff, fault_end))
@@ -120,62 +113,6 @@ def _assign_qpns(job: Job, rng: np.random.Generator) -> np.ndarray:
         steps = rng.integers(1, 4, size=len(idx))
         qpn[idx] = base[k] + np.cumsum(steps)
     return qpn
-
-
-def _qp_nic(job: Job) -> np.ndarray:
-    q = np.empty(2 * len(job.conns), dtype=np.int64)
-    q[0::2] = job.conn_src_nic
-    q[1::2] = job.conn_dst_nic
-    return q
-
-
-def _write_batches(w: TraceWriter, job: Job, res: RunResult, qpn: np.ndarray, epoch: int,
-                   t_grid0: int, offsets: np.ndarray, eoff: int) -> tuple[int, int]:
-    cfg = job.rc.cfg
-    K = cfg.nics_per_node
-    W = max(1, int(cfg.batch_ms * 1e6) // epoch)
-    qnic = _qp_nic(job)
-    nic = qnic[res.rows_q]
-    flow = qpn[res.rows_q]
-    e = res.rows_e
-    batch = e // W
-    order = np.lexsort((e, flow, batch, nic))
-    nic, flow, e, batch = nic[order], flow[order], e[order], batch[order]
-    tx, rx = res.rows_tx[order], res.rows_rx[order]
-    last_e = (res.t_end_ns + int(offsets.max()) + eoff) // epoch
-    n_batches = int(last_e // W) + 1
-    if len(batch):
-        n_batches = max(n_batches, int(batch.max()) + 1)
-    key = nic * n_batches + batch
-    n_nic = cfg.nodes * K
-    bounds = np.searchsorted(key, np.arange(n_nic * n_batches + 1))
-    erel = e - batch * W
-    _check_rows(key, flow, erel, tx, rx)
-    cols = [x.astype("<u4") for x in (flow, erel, tx, rx)]
-    bounds = bounds.tolist()
-    count = 0
-    for k in range(n_nic):
-        node, nk = node_name(k // K), nic_name(k % K)
-        for b in range(n_batches):
-            lo, hi = bounds[k * n_batches + b], bounds[k * n_batches + b + 1]
-            # rows checked once above (make_batch's rules, vectorised over the whole run)
-            w.write_batch(EpochBatch(node=node, nic=nk, t0_ns=t_grid0 + b * W * epoch, epoch_ns=epoch,
-                                     batch_seq=b, flow=cols[0][lo:hi], epoch=cols[1][lo:hi],
-                                     tx_bytes=cols[2][lo:hi], rx_bytes=cols[3][lo:hi], job=cfg.job))
-            count += 1
-    return count, len(order)
-
-
-def _check_rows(key: np.ndarray, flow: np.ndarray, epoch: np.ndarray, tx: np.ndarray, rx: np.ndarray) -> None:
-    """The batch rules of pulse.samples for every batch at once: uint32 values, rows strictly
-    sorted by (flow, epoch) within a batch, no row without bytes."""
-    for name, x in (("flow", flow), ("epoch", epoch), ("tx_bytes", tx), ("rx_bytes", rx)):
-        if len(x) and (int(x.min()) < 0 or int(x.max()) > 0xFFFFFFFF):
-            raise EncodeError(f"simulated {name} outside uint32")
-    same = key[1:] == key[:-1]
-    bad = same & ((flow[1:] < flow[:-1]) | ((flow[1:] == flow[:-1]) & (epoch[1:] <= epoch[:-1])))
-    if bad.any() or ((tx == 0) & (rx == 0)).any():
-        raise EncodeError("simulated epoch rows are not strictly sorted or carry no bytes")
 
 
 def _pid(node: int, gpu: int) -> int:
