@@ -112,9 +112,10 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
     """Segment and localize the trace directory TRACE_DIR in one process (no broker), with the
     same engine as the streaming agents. Prints one block per incident (a fault: when it was
     seen, what it names, the evidence); --verdicts for every verdict instead."""
+    from .configured import localize_params
     from .diagnose import diagnose as run
 
-    res = run(trace_dir, LocalizeParams(), baseline=baseline)
+    res = run(trace_dir, localize_params(), baseline=baseline)  # PULSE_CLOCK_SKEW_US
     if res.damage:  # on stderr in both modes: --json consumers read records on stdout
         click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
     if as_json:
@@ -228,7 +229,10 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
         keep.mkdir(parents=True, exist_ok=True)
     console = _console()
     show = not as_json and sys.stderr.isatty()
-    params = LocalizeParams(clock_skew_ns=bound) if drawn else LocalizeParams()
+    from .configured import localize_params
+
+    # a sweep states the skew its runs were drawn with; the battery runs under the configured one
+    params = LocalizeParams(clock_skew_ns=bound) if drawn else localize_params()
     if show:
         from rich.progress import Progress
 

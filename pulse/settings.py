@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,6 +15,8 @@ from pathlib import Path
 from pulse.errors import ConfigError
 
 MIN_EPOCH_NS = 1_000
+MAX_CLOCK_SKEW_NS = 1_000_000_000
+"""Largest clock-skew bound accepted (1 s): beyond it no cross-node comparison means anything."""
 MAX_EPOCH_NS = 1_000_000_000
 DEFAULT_EPOCH_NS = 32_000
 
@@ -136,6 +139,10 @@ class Settings:
     """Most communicators kept per job (and per plugin decoder)."""
     max_nodes_per_worker: int = 4_096
     """Most nodes one worker keeps segmentation state for."""
+    clock_skew_ns: int | None = None
+    """The largest difference between two nodes' clocks the localizer must tolerate
+    (``LocalizeParams.clock_skew_ns``; ``PULSE_CLOCK_SKEW_US`` in µs). None: its default
+    (1 ms, PTP-like). NTP-synchronised clusters: twice the largest offset from true time."""
 
     @property
     def topics(self) -> Topics:
@@ -171,6 +178,9 @@ class Settings:
             raise ConfigError(f"PULSE_INFLUX_URL={self.influx_url}: refusing to send the InfluxDB token over plain "
                               "http to a non-loopback host (use https://, or set PULSE_INFLUX_ALLOW_PLAIN_TOKEN=1)")
         self._check_kafka()
+        if self.clock_skew_ns is not None and not 0 <= self.clock_skew_ns <= MAX_CLOCK_SKEW_NS:
+            raise ConfigError(f"PULSE_CLOCK_SKEW_US={self.clock_skew_ns / 1000:g}: must be between 0 and "
+                              f"{MAX_CLOCK_SKEW_NS // 1000} (µs)")
         for name in ("max_message_bytes", "max_events_per_batch", "max_flows_per_node", "max_comms_per_job",
                      "max_nodes_per_worker"):
             if getattr(self, name) < 1:
@@ -215,6 +225,18 @@ class Settings:
                 return int(raw.replace("_", ""))
             except ValueError:
                 raise ConfigError(f"PULSE_{name}={raw!r}: not an integer") from None
+
+        def micros_ns(name: str) -> int | None:
+            raw = get(name)
+            if raw is None:
+                return None
+            try:
+                us = float(raw.replace("_", ""))
+            except ValueError:
+                raise ConfigError(f"PULSE_{name}={raw!r}: not a number (µs)") from None
+            if not math.isfinite(us) or not 0 <= us <= MAX_CLOCK_SKEW_NS / 1000:
+                raise ConfigError(f"PULSE_{name}={raw!r}: must be between 0 and {MAX_CLOCK_SKEW_NS // 1000} (µs)")
+            return round(us * 1000)
 
         def path(name: str) -> Path | None:
             raw = get(name)
@@ -277,6 +299,7 @@ class Settings:
             max_flows_per_node=integer("MAX_FLOWS_PER_NODE", defaults.max_flows_per_node),
             max_comms_per_job=integer("MAX_COMMS_PER_JOB", defaults.max_comms_per_job),
             max_nodes_per_worker=integer("MAX_NODES_PER_WORKER", defaults.max_nodes_per_worker),
+            clock_skew_ns=micros_ns("CLOCK_SKEW_US"),
         )
 
     def override(self, **changes: object) -> Settings:
@@ -302,6 +325,6 @@ ENV_VARS = (
     "PULSE_KAFKA_SSL_KEYFILE", "PULSE_KAFKA_SASL_MECHANISM", "PULSE_KAFKA_SASL_USERNAME",
     "PULSE_KAFKA_SASL_PASSWORD_FILE", "PULSE_INFLUX_CA_FILE", "PULSE_INFLUX_ALLOW_PLAIN_TOKEN",
     "PULSE_HOOK_ALLOWED_UIDS", "PULSE_JOB_CGROUP", "PULSE_MAX_MESSAGE_BYTES", "PULSE_MAX_EVENTS_PER_BATCH",
-    "PULSE_MAX_FLOWS_PER_NODE", "PULSE_MAX_COMMS_PER_JOB", "PULSE_MAX_NODES_PER_WORKER",
+    "PULSE_MAX_FLOWS_PER_NODE", "PULSE_MAX_COMMS_PER_JOB", "PULSE_MAX_NODES_PER_WORKER", "PULSE_CLOCK_SKEW_US",
 )
 """Every variable ``from_env`` reads (infra tests check compose files against this)."""

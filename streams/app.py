@@ -111,6 +111,10 @@ class Pipeline:
         self.segment_state = SegmentState(self.topics, segment_params, InputBounds.from_settings(settings))
         # Localization in a child process by default: a core of its own rather than a share
         # of this process's GIL with Faust and segmentation (see offload.py).
+        if localize_params is None:  # the operator's settings (PULSE_CLOCK_SKEW_US)
+            from pulse.engine.configured import localize_params as configured
+
+            localize_params = configured(settings)
         self.localize_state: LocalizeState | LocalizeProcess = (
             LocalizeProcess(localize_params) if localize_process else LocalizeState(localize_params))
         self.influx = influx

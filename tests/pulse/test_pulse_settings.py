@@ -35,7 +35,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "PULSE_INFLUX_CA_FILE": "/influx-ca.pem", "PULSE_INFLUX_ALLOW_PLAIN_TOKEN": "1",
         "PULSE_HOOK_ALLOWED_UIDS": "0, 1000", "PULSE_JOB_CGROUP": "/sys/fs/cgroup/job",
         "PULSE_MAX_MESSAGE_BYTES": "1_000_000", "PULSE_MAX_EVENTS_PER_BATCH": "100", "PULSE_MAX_FLOWS_PER_NODE": "200",
-        "PULSE_MAX_COMMS_PER_JOB": "300", "PULSE_MAX_NODES_PER_WORKER": "400",
+        "PULSE_MAX_COMMS_PER_JOB": "300", "PULSE_MAX_NODES_PER_WORKER": "400", "PULSE_CLOCK_SKEW_US": "2_500.5",
         "PULSE_ALERT_URL": "http://127.0.0.1:9093/api/v2/alerts", "PULSE_ALERT_REPORT_URL": "http://g/d?job={job}",
     }
     (tmp_path / "pw").write_text("pw-secret\n")
@@ -48,6 +48,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
     assert (s.hook_allowed_uids, s.job_cgroup) == ((0, 1000), Path("/sys/fs/cgroup/job"))
     assert (s.max_message_bytes, s.max_events_per_batch, s.max_flows_per_node, s.max_comms_per_job) == (
         1_000_000, 100, 200, 300)
+    assert s.clock_skew_ns == 2_500_500
     assert "pw-secret" not in repr(s) and "pw-secret" not in str(s.redacted())
     assert (s.broker, s.topic_prefix, s.partitions, s.epoch_ns) == ("k1:9092,k2:9093", "lab", 16, 4000)
     assert (s.influx_url, s.influx_org, s.influx_bucket, s.influx_token) == (
@@ -61,7 +62,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
 
 def test_env_vars_match_the_source() -> None:
     source = Path(settings_mod.__file__).read_text()
-    read = {f"PULSE_{name}" for name in re.findall(r'(?:get|integer|path|flag|uids)\("([A-Z_]+)"', source)}
+    read = {f"PULSE_{name}" for name in re.findall(r'(?:get|integer|path|flag|uids|micros_ns)\("([A-Z_]+)"', source)}
     assert read == set(ENV_VARS)
 
 
@@ -128,10 +129,23 @@ def test_frozen() -> None:
     ({"PULSE_BROKER": "host:port"}, "PULSE_BROKER"),
     ({"PULSE_BROKER": "a:1,,b:2"}, "PULSE_BROKER"),
     ({"PULSE_INFLUX_URL": "127.0.0.1:8086"}, "PULSE_INFLUX_URL"),
+    ({"PULSE_CLOCK_SKEW_US": "5ms"}, "PULSE_CLOCK_SKEW_US='5ms': not a number"),
+    ({"PULSE_CLOCK_SKEW_US": "-1"}, "PULSE_CLOCK_SKEW_US='-1': must be between 0 and 1000000"),
+    ({"PULSE_CLOCK_SKEW_US": "nan"}, "PULSE_CLOCK_SKEW_US='nan'"),
+    ({"PULSE_CLOCK_SKEW_US": "inf"}, "PULSE_CLOCK_SKEW_US='inf'"),
+    ({"PULSE_CLOCK_SKEW_US": "1e7"}, "PULSE_CLOCK_SKEW_US='1e7'"),
 ])
 def test_bad_values(env: dict[str, str], match: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(match)):
         Settings.from_env(env)
+
+
+def test_clock_skew_is_unset_by_default_and_zero_is_a_value() -> None:
+    assert Settings.from_env({}).clock_skew_ns is None
+    assert Settings.from_env({"PULSE_CLOCK_SKEW_US": "0"}).clock_skew_ns == 0
+    assert Settings.from_env({"PULSE_CLOCK_SKEW_US": "1000000"}).clock_skew_ns == 1_000_000_000
+    with pytest.raises(ConfigError, match="PULSE_CLOCK_SKEW_US"):
+        Settings(clock_skew_ns=-1)
 
 
 @pytest.mark.parametrize("broker", ["localhost", "127.0.0.1:9092", "k1:9092,k2:9092", "[::1]:9092"])
