@@ -323,6 +323,7 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
     res = diagnose(prep.trace_dir, params if params is not None else lab_params(), baseline=True)
     pulse_sum = summarize_verdicts(res.verdicts)
     base_sum = summarize_verdicts(res.baseline or [])
+    scored = score_run(res.verdicts, res.baseline or [], truth)
     for part in (pulse_sum, base_sum):
         for a in part["anomalies"]:
             # first_seen and decided are trace time (node clock = wall clock here), onset the
@@ -346,7 +347,17 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
         "capture": {**prep.capture, "kernel_drops": run.capture_drops},
         "step_ms": {"healthy_median": _median(healthy_ms), "faulty_median": _median(faulty_ms)},
         "fault_effect": getattr(run, "fault_effect", None),
+        **scored,
     }
+
+
+def score_run(verdicts: list[Verdict], baseline: list[Verdict], truth: dict[str, Any]) -> dict[str, Any]:
+    """Pulse's and the baseline's verdicts scored as the simulator's runs are
+    (:func:`pulse.localization.score`: every incident, first-incident figures beside)."""
+    from pulse.localization import score
+
+    return {"score": score(verdicts, truth, method="pulse").to_dict(),
+            "baseline_score": score(baseline, truth, method="baseline").to_dict()}
 
 
 def _fault_step(run: Any) -> int:
