@@ -111,26 +111,37 @@ def lab_executor(*, timeout_s: float = 600.0, epoch_us: int | None = None, warmu
 
 def run_sweep(ds: list[LabDraw], execute: Execute, *, keep: Path | None = None,
               progress: Callable[[str], None] = lambda msg: None) -> dict[str, Any]:
-    """Every draw through ``execute``, in order; a :class:`~pulse.errors.PulseError` from a run
-    (no root, a job that failed) ends the sweep: a run that did not happen is not a miss."""
-    rows = []
+    """Every draw through ``execute``, in order. A run that raises a
+    :class:`~pulse.errors.PulseError` (a job that failed, a CPU quota that never throttled
+    the rank on a host where it got less than its quota anyway) did not happen as drawn: it is
+    listed under ``errors`` with its reason and scored nowhere, not counted as a miss. A sweep
+    in which no run happened is that error."""
+    rows: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    last: PulseError | None = None
     for d in ds:
         t0 = time.monotonic()
         workdir = keep / f"run-{d.index:03d}" if keep is not None else Path(tempfile.mkdtemp(prefix="pulse-lab-sweep-"))
         workdir.mkdir(parents=True, exist_ok=True)
+        where = f"lab sweep [{d.index + 1}/{len(ds)}] {d.fault} on {d.ranks} ranks"
         try:
             res = execute(d, workdir)
         except PulseError as exc:
-            raise type(exc)(f"lab sweep run {d.index + 1}/{len(ds)} ({d.command()}): {exc}") from None
+            last = exc
+            errors.append({"index": d.index, "draw": d.to_dict(), "command": d.command(), "kind": d.kind,
+                           "error": str(exc)})
+            progress(f"{where}: not run as drawn, not scored: {exc}")
+            continue
         finally:
             if keep is None:
                 shutil.rmtree(workdir, ignore_errors=True)
         row = _row(d, res)
         rows.append(row)
-        progress(f"lab sweep [{d.index + 1}/{len(ds)}] {d.fault} on {d.ranks} ranks: {_verdict(row)} "
-                 f"({time.monotonic() - t0:.0f} s)")
+        progress(f"{where}: {_verdict(row)} ({time.monotonic() - t0:.0f} s)")
+    if not rows and last is not None:
+        raise type(last)(f"lab sweep: no run happened; the last: {errors[-1]['command']}: {last}")
     return {"runs": rows, "table": table(rows), "summary": summaries(rows),
-            "wrong": [r for r in rows if not r["right"]]}
+            "wrong": [r for r in rows if not r["right"]], "errors": errors}
 
 
 def _row(d: LabDraw, res: dict[str, Any]) -> dict[str, Any]:
@@ -206,4 +217,8 @@ def table_lines(result: dict[str, Any]) -> list[str]:
     for r in result["wrong"]:
         lines.append(f"#{r['index']} {r['draw']['fault']} on {r['draw']['ranks']} ranks: {_verdict(r)}")
         lines.append(f"    {r['command']}")
+    for e in result.get("errors", []):
+        lines.append(f"#{e['index']} {e['draw']['fault']} on {e['draw']['ranks']} ranks: not run as drawn, "
+                     f"not scored: {e['error']}")
+        lines.append(f"    {e['command']}")
     return lines

@@ -24,7 +24,7 @@ from pulse.lab.analysis import lab_params, score_run, truth_of
 from pulse.lab.faults import parse_fault
 
 from pulse.cli import main
-from pulse.errors import ConfigError
+from pulse.errors import ServiceError
 from pulse.trace import read_truth
 
 TRACES = Path(__file__).parent.parent / "engine" / "traces"
@@ -81,11 +81,27 @@ def test_each_run_is_scored_on_every_incident() -> None:
     assert "pulse lab run --ranks 4 --fault loss:1:2 --steps 16 --fault-after 6" in "\n".join(lines)
 
 
-def test_a_run_that_fails_is_an_error_naming_it_not_a_miss() -> None:
-    def broken(d: sw.LabDraw, workdir: Path) -> dict[str, Any]:
-        raise ConfigError("pulse lab needs root")
+def test_a_run_that_did_not_happen_is_listed_not_scored() -> None:
+    ds = [sw.LabDraw(0, 4, "rate", 2, 200.0, 16, 6), sw.LabDraw(1, 8, "cpu", 5, 0.2, 16, 6)]
 
-    with pytest.raises(ConfigError, match=r"lab sweep run 1/2 \(pulse lab run --ranks \d .*\): pulse lab needs root"):
+    def some_fail(d: sw.LabDraw, workdir: Path) -> dict[str, Any]:
+        if d.kind == "cpu":
+            raise ServiceError("the cpu quota on rank 5 never throttled it")
+        return replay(d, workdir)
+
+    res = sw.run_sweep(ds, some_fail)
+    assert [r["index"] for r in res["runs"]] == [0] and res["table"]["cpu"]["runs"] == 0
+    assert res["summary"]["pulse"]["runs"] == 1 and res["summary"]["pulse"]["missed"] == 0
+    assert res["errors"] == [{"index": 1, "draw": ds[1].to_dict(), "command": ds[1].command(), "kind": "cpu",
+                              "error": "the cpu quota on rank 5 never throttled it"}]
+    text = "\n".join(sw.table_lines({"sweep": {}, **res}))
+    assert "not run as drawn, not scored: the cpu quota" in text and ds[1].command() in text
+
+    def broken(d: sw.LabDraw, workdir: Path) -> dict[str, Any]:
+        raise ServiceError("a rank exited 1")
+
+    with pytest.raises(ServiceError, match=r"lab sweep: no run happened; the last: pulse lab run --ranks \d .*: "
+                                           "a rank exited 1"):
         sw.run_sweep(sw.draws(2, 0), broken)
 
 
