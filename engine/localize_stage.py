@@ -74,6 +74,7 @@ class LocalizeStage:
                  idle_s: float = IDLE_S, job_idle_s: float = JOB_IDLE_S) -> None:
         self.job = job
         self.localizer = Localizer(params, job=job or None)
+        self.localizer.ev.expects_data_end = True  # the segment stage forwards every node's data end
         self.aligner = Aligner(hold_ns, idle_s)
         self.tracker = IncidentTracker(job)
         self.data_end = 0

@@ -225,6 +225,9 @@ class Evidence:
         self.topo = topo or Topology()
         self.data_end: dict[str, int] = {}
         """node -> how far its data (epoch batches, node clock) is known to extend."""
+        self.expects_data_end = False
+        """True when data ends are fed (the engine): a node without one then has sent no
+        epoch data at all, even when no node has (a bare ``localize()`` call may feed none)."""
         self.refs = References(p)
         self.links = LinkWindows(p)
         self.late = Lateness(p)
