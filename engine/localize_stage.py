@@ -93,7 +93,7 @@ class LocalizeStage:
                 if hooks:
                     self.localizer.add_events(hooks)
                     hooks = []
-                self.localizer.observe_data_end(e.node, e.end_ns)
+                self.localizer.observe_data_end(e.node, e.end_ns, e.nic_ends)
                 if e.gaps:
                     self.localizer.observe_gaps(e.node, e.gaps)
                 self.data_end = max(self.data_end, e.end_ns)
