@@ -108,13 +108,20 @@ def _damage_line(d: dict[str, Any]) -> str:
 @click.option("--verdicts", "show_verdicts", is_flag=True,
               help="Report the raw verdict stream instead of incidents.")
 @click.option("--baseline", is_flag=True, help="Also run the operator-level baseline (oplevel.jsonl; its verdicts).")
-def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool) -> None:
+@click.option("--no-hooks", "no_hooks", is_flag=True,
+              help="Network-only mode: ignore every operator descriptor and infer from the traffic alone "
+                   "(chosen by itself when the trace has no op event).")
+def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool, no_hooks: bool) -> None:
     """Segment and localize the trace directory TRACE_DIR in one process (no broker), with the
     same engine as the streaming agents. Prints one block per incident (a fault: when it was
     seen, what it names, the evidence); --verdicts for every verdict instead."""
     from .diagnose import diagnose as run
 
-    res = run(trace_dir, LocalizeParams(), baseline=baseline)
+    res = run(trace_dir, LocalizeParams(), baseline=baseline, network_only=True if no_hooks else None)
+    if res.network_only:
+        click.echo(f"pulse: network-only mode ({res.network_only_reason}): operators inferred from the traffic "
+                   "alone, judged by each NIC's sending rate; no issue times, expected bytes or posted receives, "
+                   "so compute faults, lateness and stops are not judged", err=True)
     if res.damage:  # on stderr in both modes: --json consumers read records on stdout
         click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
     if as_json:

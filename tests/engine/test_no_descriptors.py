@@ -30,14 +30,32 @@ def _keep_events(tmp_path: Path, keep: object) -> Path:
     return t
 
 
-def test_capture_alone_names_the_missing_descriptors(tmp_path: Path) -> None:
+def test_capture_alone_names_the_missing_descriptors_without_network_only(tmp_path: Path) -> None:
     t = _keep_events(tmp_path, lambda e: e["type"] == "flow" and e.get("comm_id") is None)
     with pytest.raises(TraceError, match="no operator descriptors: 0 op events") as err:
-        diagnose(t)
+        diagnose(t, network_only=False)
     assert "flow events" in str(err.value)
+
+
+def test_capture_alone_switches_to_network_only_and_names_the_rate_limited_node(tmp_path: Path) -> None:
+    """The issue's case: a real Gloo job, rank 2's link at 200 Mbit/s, captured, no
+    descriptor: the answer is node-02 (its sends at ~5 % of its peers' rate), said to come
+    from the traffic alone."""
+    t = _keep_events(tmp_path, lambda e: e["type"] == "flow")
+    res = diagnose(t)
+    assert res.network_only and "0 op events" in res.network_only_reason
+    named = {tuple(i.nodes) for i in res.incidents}
+    assert named == {("node-02",)}
+    assert all(i.kind == "network-slow" for i in res.incidents)
     r = CliRunner().invoke(main, ["diagnose", str(t)])
-    assert r.exit_code == 1
-    assert "no operator descriptors" in r.output and "no anomaly" not in r.output and "no incident" not in r.output
+    assert r.exit_code == 0 and "network-only mode" in r.stderr and "node-02" in r.output
+    assert "no incident" not in r.output
+
+
+def test_no_hooks_ignores_the_descriptors_of_a_whole_trace() -> None:
+    res = diagnose(LAB, network_only=True)
+    assert res.network_only and {tuple(i.nodes) for i in res.incidents} == {("node-02",)}
+    assert all(m.comm_id.startswith("inferred:") and m.kind == "GroupP2P" for m in res.metrics)
 
 
 def test_ops_without_bound_flows_say_the_traffic_is_not_tied(tmp_path: Path) -> None:
