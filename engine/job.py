@@ -124,7 +124,7 @@ class JobEngine:
             # inferred records are per-NIC sending rates over a window, each bound to the NICs
             # it sends to: a low one marks those links slow (see netonly's docstring)
             localize_params = dataclasses.replace(localize_params or LocalizeParams(), rate_blame=True,
-                                                 rate_ratio=NETWORK_ONLY_RATE_RATIO)
+                                                 rate_ratio=NETWORK_ONLY_RATE_RATIO, group_verdicts=False)
         self.localize = Localizers(localize_params, hold_ns=hold_ns)
         self.metrics: list[OpMetrics] = []
         self.verdicts: list[Verdict] = []
