@@ -205,11 +205,13 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
 @click.option("--sweep-steps", type=count(1, 10_000), default=20, show_default=True, help="--sweep: training steps per run.")
 @click.option("--max-clock-skew-us", type=Number(float, 0.0, 10_000.0), default=5000.0, show_default=True,
               help="--sweep: each run's clock offsets are drawn in +- a value drawn up to this (µs).")
+@click.option("--no-hooks", "no_hooks", is_flag=True,
+              help="Score Pulse in network-only mode: every descriptor ignored, operators inferred from the traffic.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")
 def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload: str | None, jobs: int,
                  keep: Path | None, sim_args: tuple[str, ...], sweep_n: int | None, sweep_seed: int,
                  max_nodes: int, max_gpus_per_node: int, sweep_steps: int, max_clock_skew_us: float,
-                 as_json: bool) -> None:
+                 no_hooks: bool, as_json: bool) -> None:
     """Simulate the scenario battery (or a random --sweep), run Pulse and the baseline on every
     trace, score both."""
     from .evaluate import evaluate, per_scenario, plan, summaries, sweep_plan
@@ -245,14 +247,14 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
             def tick(run: Any, s: Any) -> None:
                 by_name[run.name] = s
                 prog.advance(task)
-            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick)
+            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick, network_only=no_hooks)
     else:
         def note(run: Any, s: Any) -> None:
             by_name[run.name] = s
             if not as_json:
                 console.print(f"{run.scenario} seed {run.seed} sev {run.severity}: "
                               + ", ".join(f"{x.method}={x.outcome}" for x in s))
-        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note)
+        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note, network_only=no_hooks)
     order = {n: i for i, n in enumerate(dict.fromkeys(r.scenario for r in runs))}
     scores.sort(key=lambda s: (order.get(s.scenario.split(" ")[0], 99), s.scenario, s.seed or 0, s.method))
     sums = summaries(scores)
@@ -261,7 +263,7 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
         return
     if as_json:
         obj = {"runs": [s.to_dict() for s in scores], "per_scenario": per_scenario(scores),
-               "summary": {m: x.to_dict() for m, x in sums.items()}}
+               "summary": {m: x.to_dict() for m, x in sums.items()}, "network_only": no_hooks}
         sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
         return
     _table(console, scores, sums)
