@@ -87,18 +87,17 @@ class InferredStage:
         """(qpn, remote qpn) -> the endpoint owning that queue pair."""
         self._conn: dict[tuple[str, int], tuple[object, object]] = {}
         """(endpoint, flow) -> (its direction's key, the reverse direction's key)."""
-        self._dir_ep: dict[object, tuple[str, int]] = {}
-        """direction key -> the (endpoint, flow) that sends on it."""
         self._dir_tx: dict[object, int] = {}
         """direction key -> bytes sent on it so far (at its sender)."""
         self._peer: dict[tuple[str, int], str] = {}
         """(endpoint, flow) -> the endpoint at the other end of that direction."""
-        self._sending: set[tuple[str, int]] = set()
         self._linked: set[str] = set()
         self._comms: dict[tuple[str, frozenset[str]], str] = {}
-        self._told: set[tuple[str, str, int]] = set()
-        self._tx: dict[str, dict[int, list[int]]] = {}
-        """endpoint -> window -> [bytes sent, epochs with anything sent, epoch_ns]."""
+        self._told: set[tuple[str, str]] = set()
+        self._link_flow: dict[str, int] = {}
+        """link (``node/nic>node/nic``) -> one of its flows (what its flow event names)."""
+        self._tx: dict[str, dict[int, dict[int, list[int]]]] = {}
+        """endpoint -> window -> flow -> [bytes sent, epochs it sent in, epoch_ns]."""
         self._end: dict[str, int] = {}
         self._emitted_upto = -(1 << 62)
 
@@ -178,34 +177,34 @@ class InferredStage:
         sent = b.tx_bytes > 0
         if not sent.any():
             return
-        flows = np.unique(b.flow[sent])
+        flow_rows = b.flow[sent]
+        flows = np.unique(flow_rows)
+        fi = np.searchsorted(flows, flow_rows)
         if self._conn:
-            per_flow = np.bincount(np.searchsorted(flows, b.flow[sent]), weights=b.tx_bytes[sent].astype(np.float64))
+            per_flow = np.bincount(fi, weights=b.tx_bytes[sent].astype(np.float64))
             for f, nbytes in zip(flows.tolist(), per_flow.tolist(), strict=True):
                 conn = self._conn.get((ep, f))
                 if conn is not None:
                     self._dir_tx[conn[0]] = self._dir_tx.get(conn[0], 0) + int(nbytes)
-                    self._dir_ep.setdefault(conn[0], (ep, f))
-            data = np.array([self._is_data(ep, f) for f in flows.tolist()])
-            self._sending.update((ep, f) for f in flows[data].tolist())
-            if not data.all():
-                sent &= np.isin(b.flow, flows[data])
-                if not sent.any():
-                    return
-        abs_epoch = (b.t0_ns // b.epoch_ns) + b.epoch[sent].astype(np.int64)
-        per_win = self.window_ns // b.epoch_ns if self.window_ns >= b.epoch_ns else 1
-        win = abs_epoch // per_win
-        byts = np.bincount(win - win.min(), weights=b.tx_bytes[sent].astype(np.float64))
-        # several flows of a NIC send in the same epoch: the NIC sent in it once
-        uniq = np.unique(abs_epoch)
-        uw = uniq // per_win
-        act = np.bincount(uw - win.min(), minlength=byts.shape[0])
-        tx = self._tx.setdefault(ep, {})
-        for i in np.flatnonzero(byts):
-            w = int(win.min()) + int(i)
-            cell = tx.setdefault(w, [0, 0, b.epoch_ns])
-            cell[0] += int(byts[i])
-            cell[1] = min(cell[1] + int(act[i]), per_win)
+        ae = (b.t0_ns // b.epoch_ns) + b.epoch[sent].astype(np.int64)
+        per_win = max(self.window_ns // b.epoch_ns, 1)
+        win = ae // per_win
+        w0 = int(win.min())
+        nw = int(win.max()) - w0 + 1
+        key = fi * nw + (win - w0)
+        byts = np.bincount(key, weights=b.tx_bytes[sent].astype(np.float64), minlength=flows.shape[0] * nw)
+        act = np.bincount(key, minlength=flows.shape[0] * nw)  # rows are unique (flow, epoch)
+        for k in np.flatnonzero(byts).tolist():
+            f, w = int(flows[k // nw]), w0 + k % nw
+            cell = self._tx.setdefault(ep, {}).setdefault(w, {}).setdefault(f, [0, 0, b.epoch_ns])
+            cell[0] += int(byts[k])
+            cell[1] = min(cell[1] + int(act[k]), per_win)
+
+    def _link(self, ep: str, flow: int) -> str:
+        peer = self._peer.get((ep, flow), "")
+        name = f"{ep}>{peer}"
+        self._link_flow.setdefault(name, flow)
+        return name
 
     def _emit(self, final: bool) -> SegmentOutput:
         out = SegmentOutput()
@@ -215,65 +214,82 @@ class InferredStage:
         frontier = min(self._end.values()) // self.window_ns - 2 if not final else 1 << 62
         windows = sorted({w for tx in self._tx.values() for w in tx if self._emitted_upto < w <= frontier})
         for w in windows:
-            by_group: dict[str, list[tuple[str, list[int]]]] = {}
+            cells: dict[str, list[int]] = {}
             for ep, tx in self._tx.items():
-                cell = tx.pop(w, None)
-                if cell is not None and cell[1] > 0:
-                    by_group.setdefault(self._group(ep), []).append((ep, cell))
-            for group, cells in by_group.items():
-                # one communicator per set of NICs sending together: a NIC idle in a window
+                for flow, (nbytes, active, epoch_ns) in (tx.pop(w, None) or {}).items():
+                    # the data direction is judged on every byte seen so far, not on the
+                    # first batch (an acknowledgement can arrive before the data it answers)
+                    if active and self._is_data(ep, flow):
+                        cell = cells.setdefault(self._link(ep, flow), [0, 0, epoch_ns])
+                        cell[0] += nbytes
+                        # a link's flows (channels) split one operator's data and send at
+                        # the same time: the link sent in as many epochs as its busiest
+                        cell[1] = max(cell[1], active)
+            by_group: dict[str, list[tuple[str, list[int]]]] = {}
+            for link, cell in self._main_links(cells):
+                by_group.setdefault(self._group(link.partition(">")[0]), []).append((link, cell))
+            for group, members_cells in by_group.items():
+                # one communicator per set of links sending together: a link idle in a window
                 # (a pipeline bubble) is not a member missing from it
-                members = frozenset(ep for ep, _ in cells)
+                members = frozenset(link for link, _ in members_cells)
                 comm = self._comms.get((group, members))
                 if comm is None:
                     comm = self._comms[(group, members)] = f"{INFERRED_PREFIX}{len(self._comms)}"
-                ranks = {ep: i for i, ep in enumerate(sorted(members))}
+                ranks = {link: i for i, link in enumerate(sorted(members))}
                 self._bind(comm, ranks, out)
-                for ep, (nbytes, active, epoch_ns) in sorted(cells):
-                    out.metrics.append(self._record(comm, w, ep, ranks, nbytes, active, epoch_ns))
+                for link, (nbytes, active, epoch_ns) in sorted(members_cells):
+                    out.metrics.append(self._record(comm, w, link, ranks, nbytes, active, epoch_ns))
         if windows:
             self._emitted_upto = max(self._emitted_upto, windows[-1])
         return out
 
-    def _bind(self, comm: str, ranks: dict[str, int], out: SegmentOutput) -> None:
-        """Tell the localizer whom each member sends to (the links its rate is about), as the
-        bound flow events a descriptor source would have given."""
-        for ep, flow in self._main_flows(ranks):
-            peer = self._peer.get((ep, flow))
-            if peer not in ranks or (comm, ep, flow) in self._told:
-                continue
-            self._told.add((comm, ep, flow))
-            node, _, nic = ep.partition("/")
-            job = self._jobs.get(node, "")
-            out.forward(job, node, FlowEvent(job=job, node=node, nic=nic, flow=flow, comm_id=comm, rank=ranks[ep],
-                                             peer=ranks[peer], channel=0, direction="send", source="inferred"))
-
-    def _main_flows(self, ranks: dict[str, int]) -> list[tuple[str, int]]:
-        """Each member's flows that carried 90 % of its bytes so far, largest first: a rate
-        is about the links its bytes went over (a full mesh's idle connections, a store's
-        or a barrier's, are not what it measured)."""
-        out: list[tuple[str, int]] = []
-        for ep in sorted(ranks):
-            sent = [(self._dir_tx.get(self._conn[(e, f)][0], 0), f) for e, f in self._sending
-                    if e == ep and (e, f) in self._conn and self._is_data(e, f)]
-            sent.sort(reverse=True)
-            total = sum(b for b, _ in sent)
+    @staticmethod
+    def _main_links(cells: dict[str, list[int]]) -> list[tuple[str, list[int]]]:
+        """Per sending NIC, the links that carried 90 % of its bytes in the window, largest
+        first: a rate is measured where a backlog drove it; a full mesh's other connections
+        (a store's, a barrier's few messages) are latency-bound and say nothing of a link's
+        capacity."""
+        by_ep: dict[str, list[tuple[str, list[int]]]] = {}
+        for link, cell in cells.items():
+            by_ep.setdefault(link.partition(">")[0], []).append((link, cell))
+        out: list[tuple[str, list[int]]] = []
+        for links in by_ep.values():
+            links.sort(key=lambda lc: -lc[1][0])
+            total = sum(c[0] for _, c in links)
             acc = 0
-            for b, f in sent:
-                if total and acc >= 0.9 * total:
+            for link, cell in links:
+                if acc >= 0.9 * total:
                     break
-                out.append((ep, f))
-                acc += b
+                out.append((link, cell))
+                acc += cell[0]
         return out
 
-    def _record(self, comm: str, w: int, ep: str, ranks: dict[str, int], nbytes: int, active: int,
+    def _bind(self, comm: str, ranks: dict[str, int], out: SegmentOutput) -> None:
+        """Tell the localizer where each link goes, as the bound flow events a descriptor
+        source would have given: its peer is a link of the same window sent by the NIC it
+        reaches (the receiving NIC's endpoint)."""
+        sender_rank: dict[str, int] = {}
+        for link, r in sorted(ranks.items(), key=lambda kv: kv[1]):
+            sender_rank.setdefault(link.partition(">")[0], r)
+        for link, r in ranks.items():
+            ep, _, peer = link.partition(">")
+            if not peer or peer not in sender_rank or (comm, link) in self._told:
+                continue
+            self._told.add((comm, link))
+            node, _, nic = ep.partition("/")
+            job = self._jobs.get(node, "")
+            out.forward(job, node, FlowEvent(job=job, node=node, nic=nic, flow=self._link_flow[link], comm_id=comm,
+                                             rank=r, peer=sender_rank[peer], channel=0, direction="send",
+                                             source="inferred"))
+
+    def _record(self, comm: str, w: int, link: str, ranks: dict[str, int], nbytes: int, active: int,
                 epoch_ns: int) -> OpMetrics:
-        node, _, nic = ep.partition("/")
+        node, _, nic = link.partition(">")[0].partition("/")
         job = self._jobs.get(node, "")
         act = active * epoch_ns
         start = w * self.window_ns
         return OpMetrics(job=job, node=node, comm_id=comm, seq=w if w >= 0 else 0,
-                         rank=ranks[ep], kind="GroupP2P", nranks=len(ranks), start_ns=start,
+                         rank=ranks[link], kind="GroupP2P", nranks=len(ranks), start_ns=start,
                          end_ns=start + self.window_ns, duration_ns=self.window_ns, act_ns=act,
                          volume_bytes=nbytes, expected_bytes=nbytes, complete=True,
                          active_rate=nbytes / (act / 1e9) if act else 0.0, flows=1, epoch_ns=epoch_ns, nics=[nic])
