@@ -86,3 +86,25 @@ def test_unpaired_flows_form_one_group_and_are_data() -> None:
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError):
         InferredStage(window_ns=0)
+
+
+SIZE = {"nodes": 4, "gpus_per_node": 2, "nics_per_node": 2, "pp": 1, "steps": 8}
+
+
+@pytest.mark.parametrize("scenario,workload", [("healthy", "dense"), ("moe-slow-nic", "moe"), ("nic-slow", "dense")])
+def test_simulated_jobs_without_descriptors_never_blame_a_healthy_node(tmp_path, scenario, workload):  # type: ignore[no-untyped-def]
+    """Network-only on a simulated RoCE job (QP numbers only): quiet when healthy, the slow
+    NIC's node when its links show it (all-to-all), and otherwise nothing, never another node."""
+    from pulse.engine import diagnose
+    from pulse.sim import SimConfig, simulate
+
+    from pulse.trace import read_truth
+
+    simulate(SimConfig(scenario=scenario, seed=0, workload=workload, **SIZE), tmp_path / "t")  # type: ignore[arg-type]
+    truth = read_truth(tmp_path / "t")
+    res = diagnose(tmp_path / "t", network_only=True)
+    named = {n for i in res.incidents for n in i.nodes}
+    assert named <= set(truth["culprit"]["nodes"])
+    if scenario == "moe-slow-nic":
+        assert named == set(truth["culprit"]["nodes"])
+        assert {i.kind for i in res.incidents} == {"network-slow"}
