@@ -75,6 +75,8 @@ class InferredStage:
         if window_ns <= 0:
             raise ValueError("window_ns must be positive")
         self.window_ns = int(window_ns)
+        self._win_ns: int | None = None
+        """The window in use: ``window_ns`` rounded down to whole epochs of the first batch."""
         self.nodes: dict[str, None] = {}
         self.damage: dict[str, dict[str, int]] = {}
         self.ignored_events = 0
@@ -186,9 +188,11 @@ class InferredStage:
                 conn = self._conn.get((ep, f))
                 if conn is not None:
                     self._dir_tx[conn[0]] = self._dir_tx.get(conn[0], 0) + int(nbytes)
-        ae = (b.t0_ns // b.epoch_ns) + b.epoch[sent].astype(np.int64)
-        per_win = max(self.window_ns // b.epoch_ns, 1)
-        win = ae // per_win
+        if self._win_ns is None:
+            # whole epochs per window, so windows and epochs share one grid
+            self._win_ns = max(self.window_ns // b.epoch_ns, 1) * b.epoch_ns
+        per_win = max(self._win_ns // b.epoch_ns, 1)
+        win = (b.t0_ns + b.epoch[sent].astype(np.int64) * b.epoch_ns) // self._win_ns
         w0 = int(win.min())
         nw = int(win.max()) - w0 + 1
         key = fi * nw + (win - w0)
@@ -211,7 +215,9 @@ class InferredStage:
         if not self._end:
             return out
         # a window is closed when every endpoint's data went two windows past it
-        frontier = min(self._end.values()) // self.window_ns - 2 if not final else 1 << 62
+        if self._win_ns is None:
+            return out
+        frontier = min(self._end.values()) // self._win_ns - 2 if not final else 1 << 62
         windows = sorted({w for tx in self._tx.values() for w in tx if self._emitted_upto < w <= frontier})
         for w in windows:
             cells: dict[str, list[int]] = {}
@@ -287,9 +293,10 @@ class InferredStage:
         node, _, nic = link.partition(">")[0].partition("/")
         job = self._jobs.get(node, "")
         act = active * epoch_ns
-        start = w * self.window_ns
+        win_ns = self._win_ns or self.window_ns
+        start = w * win_ns
         return OpMetrics(job=job, node=node, comm_id=comm, seq=w if w >= 0 else 0,
                          rank=ranks[link], kind="GroupP2P", nranks=len(ranks), start_ns=start,
-                         end_ns=start + self.window_ns, duration_ns=self.window_ns, act_ns=act,
+                         end_ns=start + win_ns, duration_ns=win_ns, act_ns=act,
                          volume_bytes=nbytes, expected_bytes=nbytes, complete=True,
                          active_rate=nbytes / (act / 1e9) if act else 0.0, flows=1, epoch_ns=epoch_ns, nics=[nic])

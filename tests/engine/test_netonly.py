@@ -108,3 +108,18 @@ def test_simulated_jobs_without_descriptors_never_blame_a_healthy_node(tmp_path,
     if scenario == "moe-slow-nic":
         assert named == set(truth["culprit"]["nodes"])
         assert {i.kind for i in res.incidents} == {"network-slow"}
+
+
+def test_windows_lie_on_the_epoch_grid_and_contain_their_traffic() -> None:
+    """50 ms is not a whole number of 32 us epochs: the window is rounded to whole epochs,
+    so a record's [start, end) holds its traffic even at real clock values (~1.8e18 ns)."""
+    t0 = 1_796_000_000_000_000_000 // 32_000 * 32_000
+    st = InferredStage()
+    b = make_batch(node="x", nic="m", t0_ns=t0, epoch_ns=32_000, batch_seq=0, flow=np.array([1, 1], np.uint32),
+                   epoch=np.array([3, 4], np.uint32), tx_bytes=np.array([100, 100], np.uint32), job="j")
+    out = st.add([], [b])
+    out.extend(st.finish())
+    (m,) = out.metrics
+    t = t0 + 3 * 32_000
+    assert m.start_ns <= t < m.end_ns and (m.end_ns - m.start_ns) % 32_000 == 0
+    assert m.act_ns == 2 * 32_000 and m.volume_bytes == 200
