@@ -108,14 +108,22 @@ def _damage_line(d: dict[str, Any]) -> str:
 @click.option("--verdicts", "show_verdicts", is_flag=True,
               help="Report the raw verdict stream instead of incidents.")
 @click.option("--baseline", is_flag=True, help="Also run the operator-level baseline (oplevel.jsonl; its verdicts).")
-def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool) -> None:
+@click.option("--no-hooks", "no_hooks", is_flag=True,
+              help="Network-only mode: ignore every operator descriptor and infer from the traffic alone "
+                   "(chosen by itself when the trace has no op event).")
+def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool, no_hooks: bool) -> None:
     """Segment and localize the trace directory TRACE_DIR in one process (no broker), with the
     same engine as the streaming agents. Prints one block per incident (a fault: when it was
     seen, what it names, the evidence); --verdicts for every verdict instead."""
     from .configured import localize_params
     from .diagnose import diagnose as run
 
-    res = run(trace_dir, localize_params(), baseline=baseline)  # PULSE_CLOCK_SKEW_US
+    res = run(trace_dir, localize_params(), baseline=baseline,  # PULSE_CLOCK_SKEW_US
+              network_only=True if no_hooks else None)
+    if res.network_only:
+        click.echo(f"pulse: network-only mode ({res.network_only_reason}): operators inferred from the traffic "
+                   "alone, judged by each link's sending rate; no issue times, expected bytes or posted receives, "
+                   "so compute faults, lateness and stops are not judged", err=True)
     if res.damage:  # on stderr in both modes: --json consumers read records on stdout
         click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
     if as_json:
@@ -199,11 +207,13 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
 @click.option("--sweep-steps", type=count(1, 10_000), default=20, show_default=True, help="--sweep: training steps per run.")
 @click.option("--max-clock-skew-us", type=Number(float, 0.0, 10_000.0), default=5000.0, show_default=True,
               help="--sweep: each run's clock offsets are drawn in +- a value drawn up to this (µs).")
+@click.option("--no-hooks", "no_hooks", is_flag=True,
+              help="Score Pulse in network-only mode: every descriptor ignored, operators inferred from the traffic.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")
 def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload: str | None, jobs: int,
                  keep: Path | None, sim_args: tuple[str, ...], sweep_n: int | None, sweep_seed: int,
                  max_nodes: int, max_gpus_per_node: int, sweep_steps: int, max_clock_skew_us: float,
-                 as_json: bool) -> None:
+                 no_hooks: bool, as_json: bool) -> None:
     """Simulate the scenario battery (or a random --sweep), run Pulse and the baseline on every
     trace, score both."""
     from .evaluate import evaluate, per_scenario, plan, summaries, sweep_plan
@@ -242,14 +252,14 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
             def tick(run: Any, s: Any) -> None:
                 by_name[run.name] = s
                 prog.advance(task)
-            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick)
+            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick, network_only=no_hooks)
     else:
         def note(run: Any, s: Any) -> None:
             by_name[run.name] = s
             if not as_json:
                 console.print(f"{run.scenario} seed {run.seed} sev {run.severity}: "
                               + ", ".join(f"{x.method}={x.outcome}" for x in s))
-        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note)
+        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note, network_only=no_hooks)
     order = {n: i for i, n in enumerate(dict.fromkeys(r.scenario for r in runs))}
     scores.sort(key=lambda s: (order.get(s.scenario.split(" ")[0], 99), s.scenario, s.seed or 0, s.method))
     sums = summaries(scores)
@@ -258,7 +268,7 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
         return
     if as_json:
         obj = {"runs": [s.to_dict() for s in scores], "per_scenario": per_scenario(scores),
-               "summary": {m: x.to_dict() for m, x in sums.items()}}
+               "summary": {m: x.to_dict() for m, x in sums.items()}, "network_only": no_hooks}
         sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
         return
     _table(console, scores, sums)

@@ -97,7 +97,8 @@ def _complete(trace: Path) -> bool:
         return False
 
 
-def run_one(run: Run, params: LocalizeParams, keep: Path | None = None) -> list[ScenarioScore]:
+def run_one(run: Run, params: LocalizeParams, keep: Path | None = None,
+            network_only: bool = False) -> list[ScenarioScore]:
     tmp = Path(tempfile.mkdtemp(prefix="pulse-eval-"))
     try:
         name = run.name or f"{run.scenario}-{run.workload}-s{run.seed}"
@@ -106,7 +107,7 @@ def run_one(run: Run, params: LocalizeParams, keep: Path | None = None) -> list[
             if trace.exists():
                 shutil.rmtree(trace)
             simulate(run, trace)
-        res = diagnose(trace, params, baseline=True)
+        res = diagnose(trace, params, baseline=True, network_only=network_only)
         truth = read_truth(trace)
         out = []
         for method, vs in (("pulse", res.verdicts), ("baseline", res.baseline or [])):
@@ -121,17 +122,20 @@ def run_one(run: Run, params: LocalizeParams, keep: Path | None = None) -> list[
 
 
 def evaluate(runs: list[Run], params: LocalizeParams, *, jobs: int = 2, keep: Path | None = None,
-             progress: Callable[[Run, list[ScenarioScore]], None] | None = None) -> list[ScenarioScore]:
+             progress: Callable[[Run, list[ScenarioScore]], None] | None = None,
+             network_only: bool = False) -> list[ScenarioScore]:
+    """Score Pulse and the baseline on every run; ``network_only``: Pulse infers from the
+    traffic alone, every descriptor ignored (the baseline is unchanged)."""
     scores: list[ScenarioScore] = []
     if jobs <= 1:
         for r in runs:
-            s = run_one(r, params, keep)
+            s = run_one(r, params, keep, network_only)
             scores += s
             if progress:
                 progress(r, s)
         return scores
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(run_one, r, params, keep): r for r in runs}
+        futs = {pool.submit(run_one, r, params, keep, network_only): r for r in runs}
         for fut in as_completed(futs):
             s = fut.result()
             scores += s

@@ -12,6 +12,7 @@ these objects and encode.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable
 
@@ -23,6 +24,7 @@ from pulse.records import DataEnd, Incident, OpMetrics, Verdict
 from pulse.samples import EpochBatch
 
 from .localize_stage import HOLD_NS, IDLE_S, JOB_IDLE_S, Judged, LocalizeStage
+from .netonly import NETWORK_ONLY_RATE_RATIO, InferredStage
 from .segment_stage import SegmentOutput, SegmentStage
 
 
@@ -114,8 +116,15 @@ class JobEngine:
     """
 
     def __init__(self, segment_params: SegmentParams | None = None, localize_params: LocalizeParams | None = None,
-                 *, hold_ns: int = HOLD_NS) -> None:
-        self.segment = SegmentStage(segment_params)
+                 *, hold_ns: int = HOLD_NS, network_only: bool = False) -> None:
+        self.network_only = network_only
+        """Operators inferred from the traffic alone (:mod:`.netonly`): descriptors ignored."""
+        self.segment: SegmentStage | InferredStage = InferredStage() if network_only else SegmentStage(segment_params)
+        if network_only:
+            # inferred records are per-NIC sending rates over a window, each bound to the NICs
+            # it sends to: a low one marks those links slow (see netonly's docstring)
+            localize_params = dataclasses.replace(localize_params or LocalizeParams(), rate_blame=True,
+                                                 rate_ratio=NETWORK_ONLY_RATE_RATIO, group_verdicts=False)
         self.localize = Localizers(localize_params, hold_ns=hold_ns)
         self.metrics: list[OpMetrics] = []
         self.verdicts: list[Verdict] = []

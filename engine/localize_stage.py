@@ -74,6 +74,7 @@ class LocalizeStage:
                  idle_s: float = IDLE_S, job_idle_s: float = JOB_IDLE_S) -> None:
         self.job = job
         self.localizer = Localizer(params, job=job or None)
+        self.localizer.ev.expects_data_end = True  # the segment stage forwards every node's data end
         self.aligner = Aligner(hold_ns, idle_s)
         self.tracker = IncidentTracker(job)
         self.data_end = 0
@@ -92,7 +93,7 @@ class LocalizeStage:
                 if hooks:
                     self.localizer.add_events(hooks)
                     hooks = []
-                self.localizer.observe_data_end(e.node, e.end_ns)
+                self.localizer.observe_data_end(e.node, e.end_ns, e.nic_ends)
                 if e.gaps:
                     self.localizer.observe_gaps(e.node, e.gaps)
                 self.data_end = max(self.data_end, e.end_ns)

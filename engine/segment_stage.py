@@ -84,6 +84,7 @@ class SegmentStage:
         self._comms: dict[tuple[str, str, int], CommEvent] = {}
         self._jobs: dict[str, str] = {}
         self._data_end: dict[str, int] = {}
+        self._nic_end: dict[str, dict[str, int]] = {}
         self.damage: dict[str, dict[str, int]] = {}
         """node -> counts of input not used (see the module's docstring)."""
         self._told_gaps: dict[str, dict[str, int]] = {}
@@ -131,6 +132,9 @@ class SegmentStage:
             end = batch.end_ns()
             if end > ends.get(batch.node, -(1 << 62)):
                 ends[batch.node] = end
+            nic_end = self._nic_end.setdefault(batch.node, {})
+            if end > nic_end.get(batch.nic, -(1 << 62)):
+                nic_end[batch.nic] = end
         self._forward_ends(ends, out)
         for seg in touched.values():
             self._emit(seg.run(), out)
@@ -146,8 +150,12 @@ class SegmentStage:
                     continue
                 self._data_end[node] = end
                 self._told_gaps[node] = gaps
+                nics = self._nic_end.get(node)
+                # every NIC's end only when one lags: the usual message stays as small as v2's
+                lagging = nics is not None and len(nics) > 1 and min(nics.values()) < end
                 out.forward(self.job_of(node), node,
-                            DataEnd(job=self.job_of(node), node=node, end_ns=end, gaps=gaps or None))
+                            DataEnd(job=self.job_of(node), node=node, end_ns=end, gaps=gaps or None,
+                                    nic_ends=dict(nics) if lagging and nics else None))
 
     def finish(self) -> SegmentOutput:
         """The end of the input: every segmenter closes what it still holds."""

@@ -111,7 +111,7 @@ class DecisionBook:
                     # input: its insufficient-data verdict says so instead. (Missing input only
                     # shortens a node's ACT, so it cannot make that node look slow.)
                     continue
-                unseen = [n for n in inc.nodes if n not in ev.data_end] if ev.data_end else []
+                unseen = [n for n in inc.nodes if n not in ev.data_end] if ev.data_end or ev.expects_data_end else []
                 if inc.kind.endswith("-stop") and unseen:
                     # Not one epoch batch from the node: a stop cannot be told from input
                     # that never arrived (no capture there, a lost directory, a wrong name).

@@ -225,6 +225,11 @@ class Evidence:
         self.topo = topo or Topology()
         self.data_end: dict[str, int] = {}
         """node -> how far its data (epoch batches, node clock) is known to extend."""
+        self.nic_end: dict[str, dict[str, int]] = {}
+        """node -> NIC -> its own data end, for nodes where some NIC's data lags the node's."""
+        self.expects_data_end = False
+        """True when data ends are fed (the engine): a node without one then has sent no
+        epoch data at all, even when no node has (a bare ``localize()`` call may feed none)."""
         self.refs = References(p)
         self.links = LinkWindows(p)
         self.late = Lateness(p)
@@ -252,3 +257,15 @@ class Evidence:
         # Without a known data end the segmenter only reports an operator incomplete
         # after it stalled; with one, an operator cut off by the end of the input is not.
         return end is None or end - m.end_ns >= self.p.stall_ns
+
+    def nic_cut(self, m: OpMetrics) -> bool:
+        """Whether the data of one of the record's NICs ends before the record could be
+        called stalled: that NIC's capture stopped publishing while the node's others went
+        on, so the record may be cut off there rather than stalled."""
+        nic_end = self.nic_end.get(m.node)
+        if not nic_end or not m.nics:
+            return False
+        end = min(nic_end.get(n.rpartition("/")[2], 1 << 62) for n in m.nics)
+        # a NIC whose batches merely arrive a window after the node's others is not cut
+        behind = self.data_end.get(m.node, end) - end >= self.p.stall_ns
+        return behind and end - m.end_ns < self.p.stall_ns

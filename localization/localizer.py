@@ -81,10 +81,15 @@ class Localizer:
                 continue
             self.topo.add([e])
 
-    def observe_data_end(self, node: str, end_ns: int) -> None:
-        """The node's data (epoch batches, node clock) is known to extend to ``end_ns``."""
+    def observe_data_end(self, node: str, end_ns: int, nic_ends: dict[str, int] | None = None) -> None:
+        """The node's data (epoch batches, node clock) is known to extend to ``end_ns``;
+        ``nic_ends``: each NIC's own end when some lag behind (None: every NIC reaches it)."""
         if end_ns > self.ev.data_end.get(node, -(1 << 62)):
             self.ev.data_end[node] = end_ns
+        if nic_ends:
+            self.ev.nic_end[node] = dict(nic_ends)
+        else:
+            self.ev.nic_end.pop(node, None)
 
     def observe_gaps(self, node: str, gaps: dict[str, int]) -> None:
         """What of ``node``'s input was not used so far (cumulative counts): verdicts say so."""
@@ -155,8 +160,19 @@ class Localizer:
         for r in ordered:
             eps = {self._endpoint(comm, pr, members.get(pr, "?")) for pr in self.topo.peers_of(comm, r.rank)}
             peer_eps.append(tuple(sorted(e for e in eps if node_of(e) not in (r.node, "?"))))
-        return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps,
-                      [self.ev.stalled(r) for r in ordered])
+        return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps, self._stalled(ordered))
+
+    def _stalled(self, ordered: list[OpMetrics]) -> list[bool]:
+        """Which records of one operator stalled. A record whose NIC's data ended early (its
+        capture stopped publishing, the node's other NICs went on) is only taken as stalled
+        when a record of the same operator on another node stalled in data that went on: a
+        NIC that went down stalls its peers too; a capture that died leaves them complete."""
+        stalled = [self.ev.stalled(r) for r in ordered]
+        cut = [s and self.ev.nic_cut(r) for r, s in zip(ordered, stalled, strict=True)]
+        if not any(cut):
+            return stalled
+        seen = {r.node for r, s, c in zip(ordered, stalled, cut, strict=True) if s and not c}
+        return [s and (not c or bool(seen - {r.node})) for r, s, c in zip(ordered, stalled, cut, strict=True)]
 
     def _judge_op(self, comm: str, seq: int, recs: dict[int, OpMetrics]) -> list[Verdict]:
         """Observe one closed operator, add what it shows to the evidence, then decide."""

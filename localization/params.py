@@ -106,6 +106,10 @@ class LocalizeParams:
     with clean traffic around it fits a NIC fault as well as a path, so wait for more."""
     max_group: int = 4
     """Largest group reported when no single node explains the slow links."""
+    group_verdicts: bool = True
+    """Whether path / group verdicts are made. Off in network-only mode: a NIC's sending
+    rate there is bound to its links by where its bytes went, an inference that can say a
+    node is on every slow link but not which of its links were slow and which clean."""
     clean_max_slow_frac: float = 0.25
     """A link counts as clean evidence when at most this fraction of its observations
     since the slowness began are slow: a healthy link has an occasional jitter outlier,

@@ -212,6 +212,16 @@ def _gap_counts(v: Any) -> str | None:
     return None
 
 
+def _nic_ends(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict) or len(v) > 4096 or not all(
+            isinstance(k, str) and 0 < len(k) <= 64 and type(n) is int and -(1 << 63) <= n < 1 << 63
+            for k, n in v.items()):
+        return "must be an object of NIC name -> int64 nanoseconds (at most 4096 NICs)"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class DataEnd(Record):
     """How far one node's epoch data is known to reach (its node clock), forwarded by the
@@ -220,12 +230,13 @@ class DataEnd(Record):
     of the input, and a receive that waits for ever from one posted a moment ago."""
 
     TYPE = "data-end"
-    VERSION = 2
+    VERSION = 3
     FIELDS = (
         Field("job", "str", check=_name("job", True)),
         Field("node", "str", check=_name("node")),
         Field("end_ns", "int", bounds=INT64),
         Field("gaps", "json", required=False, since=2, check=_gap_counts),
+        Field("nic_ends", "json", required=False, since=3, check=_nic_ends),
     )
     job: str
     node: str
@@ -235,6 +246,10 @@ class DataEnd(Record):
     ``lost_batches`` (batch_seq gaps), ``late_batches``, ``wild_time_batches`` (t0 outside
     the job's time range), ``clamped_rows`` (bytes beyond a link's capacity in an epoch),
     ``impossible_ops`` (op events with impossible sizes). None or empty: nothing missing."""
+    nic_ends: dict[str, int] | None = None
+    """How far each of the node's NICs' data reaches (v3). A NIC whose capture stopped
+    publishing while the node's other NICs went on has a data end of its own: its operators
+    after it are cut off, not stalled (a NIC that is down still publishes empty batches)."""
 
 
 def decode_data_end(raw: bytes | bytearray | memoryview | str, where: str = "data-end") -> DataEnd:

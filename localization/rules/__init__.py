@@ -38,4 +38,6 @@ def hypotheses(ev: Evidence, p: LocalizeParams, open_nodes: set[str]) -> dict[Ke
         hyps.update(rail)
         explained |= {n for _k, nodes in rail for n in nodes}
     hyps.update(late_hypotheses(ev, p, explained, open_nodes))
+    if not p.group_verdicts:
+        hyps = {k: h for k, h in hyps.items() if h.level != "group"}
     return hyps

@@ -138,10 +138,13 @@ def _mutations(rec: Record) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
             lambda f: st.sampled_from([v for v in wrong_values[f.kind] if v is not None or f.required])
             .map(lambda v: (f, v))).map(retype),
         st.text(min_size=1, max_size=8).filter(lambda k: k not in base).map(extra),
-        # every version but the record's own (a v2 comm/op event's own is 2; its v2-only
-        # fields make v=1 wrong too), and values that are not an integer version at all
-        st.sampled_from([v for v in (0, 1, 2, 3, "1", None, 1.0001, True, 1.0)
-                         if not (type(v) is int and v == base["v"])]).map(lambda v: (f"v={v!r}", {**base, "v": v})),
+        # every version below the record's own (a v2 comm/op event's own is 2: its v2-only
+        # fields make v=1 wrong) or above what the reader knows, and values that are not an
+        # integer version at all; a record with nothing newer may say any version from its
+        # own to the reader's (a reader accepts v=1..VERSION)
+        st.sampled_from([v for v in (0, 1, 2, 3, 4, "1", None, 1.0001, True, 1.0)
+                         if not (type(v) is int and base["v"] <= v <= type(rec).VERSION)])
+        .map(lambda v: (f"v={v!r}", {**base, "v": v})),
     ]
     return st.one_of(*options)
 

@@ -1,0 +1,88 @@
+"""One NIC's capture stops publishing while the node's other NICs go on.
+
+A NIC that is down still has its windows published (empty, the simulator's and a live
+capture's heartbeat), so a NIC whose batches *end* is a capture that died, not a fault: its
+operators after that are cut off, not stalled. Before data-end v3 carried each NIC's end,
+half a healthy NIC file gave "network fail-stop" on its node: a blame made of missing input.
+A NIC that really went down and whose capture saw nothing is still found, because its peers
+stall in data that goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mutators as M
+import pytest
+from pulse.engine import diagnose
+from pulse.sim import SimConfig, simulate
+
+from pulse.errors import DecodeError
+from pulse.records import DataEnd, decode_data_end
+from pulse.samples import EpochBatch
+from pulse.trace import read_truth
+
+SIZE = {"nodes": 4, "gpus_per_node": 2, "nics_per_node": 2, "pp": 1, "steps": 8}
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("nicstop")
+    out = {}
+    for name in ("healthy", "nic-slow", "nic-down"):
+        simulate(SimConfig(scenario=name, seed=1, **SIZE), root / name)  # type: ignore[arg-type]
+        out[name] = root / name
+    return out
+
+
+def stop_at(t_ns: int) -> M.Edit:
+    def edit(bs: list[EpochBatch]) -> list[EpochBatch]:
+        return [b for b in bs if b.t0_ns < t_ns]
+    return edit
+
+
+def stop_at_half(bs: list[EpochBatch]) -> list[EpochBatch]:
+    return stop_at((bs[0].t0_ns + bs[-1].t0_ns) // 2)(bs)
+
+
+def named(trace: Path) -> set[tuple[str, tuple[str, ...]]]:
+    return {(str(v.kind), tuple(v.nodes)) for v in diagnose(trace).anomalies}
+
+
+def test_a_healthy_nic_whose_capture_died_is_not_blamed(traces: dict[str, Path], tmp_path: Path) -> None:
+    for node in ("node-01", "node-02"):
+        t = M.copy(traces["healthy"], tmp_path / f"h-{node}")
+        M.edit_nic(t, node, stop_at_half, nic="mlx5_1")
+        assert named(t) == set(), node
+
+
+def test_a_bystanders_dead_capture_does_not_move_the_culprit(traces: dict[str, Path], tmp_path: Path) -> None:
+    culprit = read_truth(traces["nic-slow"])["culprit"]["nodes"][0]
+    clean = named(traces["nic-slow"])
+    assert clean == {("network-slow", (culprit,))}
+    bystander = next(f"node-{i:02d}" for i in (2, 3, 0) if f"node-{i:02d}" != culprit)
+    t = M.copy(traces["nic-slow"], tmp_path / "slow")
+    M.edit_nic(t, bystander, stop_at_half, nic="mlx5_0")
+    assert named(t) <= clean
+
+
+def test_a_down_nic_that_published_nothing_is_still_found(traces: dict[str, Path], tmp_path: Path) -> None:
+    truth = read_truth(traces["nic-down"])
+    node, nic = truth["culprit"]["nics"][0].split("/")
+    clean = named(traces["nic-down"])
+    assert clean and all(k == "network-stop" and node in nodes for k, nodes in clean)
+    t = M.copy(traces["nic-down"], tmp_path / "down")
+    M.edit_nic(t, node, stop_at(int(truth["onset_ns"])), nic=nic)  # its capture saw nothing after
+    assert named(t) == clean
+
+
+def test_data_end_v3_round_trip_and_refusals() -> None:
+    d = DataEnd(job="j", node="n", end_ns=5, nic_ends={"mlx5_0": 5, "mlx5_1": 2})
+    raw = d.to_json()
+    assert b'"v":3' in raw and decode_data_end(raw) == d
+    v2 = DataEnd(job="j", node="n", end_ns=5, gaps={"lost_batches": 1})
+    assert b'"v":2' in v2.to_json() and decode_data_end(v2.to_json()) == v2
+    for bad in ({"mlx5_0": "x"}, {"": 1}, [1], {"a": 1.5}):
+        with pytest.raises(DecodeError):
+            decode_data_end(raw.replace(b'{"mlx5_0":5,"mlx5_1":2}', __import__("orjson").dumps(bad)))
+    with pytest.raises(DecodeError):  # a v2 message may not carry v3's field
+        decode_data_end(raw.replace(b'"v":3', b'"v":2'))
