@@ -143,8 +143,9 @@ class InferredStage:
             fwd, rev = ("qp", e.qpn, e.remote_qpn), ("qp", e.remote_qpn, e.qpn)
             self._qp[(e.qpn, e.remote_qpn)] = ep
             self._qp_flow[(e.qpn, e.remote_qpn)] = (ep, e.flow)
-            other = self._qp.get((e.remote_qpn, e.qpn))
-            if other is not None and other != ep:
+            mate = self._qp.get((e.remote_qpn, e.qpn))
+            if mate is not None and mate != ep:
+                other = mate
                 self._groups.union(ep, other)
                 self._linked.update((ep, other))
                 self._peer[(ep, e.flow)] = other
