@@ -52,19 +52,24 @@ class Message:
     topic: str  # "samples" | "hook-events"
     key: str
     value: bytes
+    v1_bytes: int = 0
+    """Kafka bytes of the same message in batch version 1 (zstd), the same-run reference."""
 
 
 def _zstd(value: bytes) -> int:
     return len(bytes(cramjam.zstd.compress(value)))
 
 
-def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, encode: Any = None) -> tuple[list[Message], dict[str, float]]:
+def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, version: int = _samples.WIRE_VERSION,
+                    reference: bool = False) -> tuple[list[Message], dict[str, float]]:
     """The messages a coalescing publisher sends for a trace, in order, with trace-time
     stamps (its 20 ms merge window and event packing, driven by trace time instead of the
     wall clock), and the producer's encoding CPU."""
     from pulse.producers.coalesce import Coalescer
 
-    enc = encode or _samples.encode
+    def enc(b: _samples.EpochBatch) -> bytes:
+        return _samples.encode(b, version=version)
+
     co = Coalescer(max_age_s=coalesce_ns / 1e9)
     out: list[Message] = []
     pending: dict[str, list[bytes]] = {}
@@ -83,7 +88,8 @@ def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, encode: Any 
         c0 = time.process_time()
         vals = [(b.node, enc(b)) for b in batches]
         cpu["encode_cpu_s"] += time.process_time() - c0
-        out.extend(Message(t, "samples", node, v) for node, v in vals)
+        refs = [_zstd(_samples.encode(b, version=1)) if reference else 0 for b in batches]
+        out.extend(Message(t, "samples", node, v, r) for (node, v), r in zip(vals, refs, strict=True))
 
     setup, timed = reader.timeline()
     first: int | None = None
@@ -123,7 +129,7 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
     from pulse.trace import TraceReader
 
     reader = TraceReader(trace_dir)
-    messages, prod = stream_messages(reader)
+    messages, prod = stream_messages(reader, reference=True)
     seg = SegmentStage()
     loc = Localizers()
     cpu = dict.fromkeys(("hook_decode", "batch_decode", "segment", "localize"), 0.0)
@@ -184,6 +190,7 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
     trace_s = max((t_hi - t_lo) / 1e9, 1e-9)
     sample_bytes = sum(_zstd(m.value) for m in messages if m.topic == "samples")
     sample_raw = sum(len(m.value) for m in messages if m.topic == "samples")
+    sample_v1 = sum(m.v1_bytes for m in messages if m.topic == "samples")
     hook_bytes = sum(_zstd(m.value) for m in messages if m.topic == "hook-events")
     ref_s = _numpy_pass(cols)
     seg_s = max(cpu["segment"], 1e-9)
@@ -210,7 +217,10 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
         "kafka_bytes_per_gpu_s": (sample_bytes + hook_bytes) / gpus / trace_s,
         "kafka_samples_bytes_per_gpu_s": sample_bytes / gpus / trace_s,
         "kafka_hook_bytes_per_gpu_s": hook_bytes / gpus / trace_s,
-        "samples_raw_bytes_per_gpu_s": sample_raw / gpus / trace_s,
+        "samples_message_bytes_per_gpu_s": sample_raw / gpus / trace_s,
+        "batch_version": _samples.WIRE_VERSION,
+        "kafka_bytes_per_gpu_s_v1": (sample_v1 + hook_bytes) / gpus / trace_s,
+        "kafka_ratio_v1_to_published": (sample_v1 + hook_bytes) / max(sample_bytes + hook_bytes, 1),
         "edge_kafka_bytes_per_gpu_s": (edge_bytes + hook_bytes) / gpus / trace_s if edge else None,
         "anomalies": [list(a) for a in anomalies],
     }
