@@ -35,7 +35,8 @@ from pulse import events as _events
 from pulse import samples as _samples
 from pulse.cli_types import count
 from pulse.errors import ConfigError
-from pulse.records import encode_op_metrics_packed
+
+from .state import _pack
 
 COALESCE_NS = 20_000_000
 """The producer's merge window (``pulse produce``'s default ``--coalesce-ms``)."""
@@ -148,14 +149,17 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
         verdicts.extend(loc.tick(0.0, budget_s=None).verdicts)
         cpu["localize"] += time.process_time() - c0
         n_metrics += len(out.metrics)
-        if edge and out.metrics:
+        if edge:
+            # what each node's edge producer publishes for this chunk (streams/edge.py):
+            # its metrics and forwarded items, packed as the segment agent packs them
             per_node: dict[str, list[Any]] = {}
             for r in out.metrics:
                 per_node.setdefault(r.node, []).append(r)
-            for recs in per_node.values():
-                raw = encode_op_metrics_packed(recs)
-                edge_raw += len(raw)
-                edge_bytes += _zstd(raw)
+            for node in set(per_node) | {n for _, n in out.forwards}:
+                fwd = {k: v for k, v in out.forwards.items() if k[1] == node}
+                for _, raw in _pack(per_node.get(node, []), fwd):
+                    edge_raw += len(raw)
+                    edge_bytes += _zstd(raw)
 
     for chunk in _chunks(messages, CHUNK_NS):
         c0 = time.process_time()
@@ -221,7 +225,8 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
         "batch_version": _samples.WIRE_VERSION,
         "kafka_bytes_per_gpu_s_v1": (sample_v1 + hook_bytes) / gpus / trace_s,
         "kafka_ratio_v1_to_published": (sample_v1 + hook_bytes) / max(sample_bytes + hook_bytes, 1),
-        "edge_kafka_bytes_per_gpu_s": (edge_bytes + hook_bytes) / gpus / trace_s if edge else None,
+        "edge_kafka_bytes_per_gpu_s": edge_bytes / gpus / trace_s if edge else None,
+        "edge_message_bytes_per_gpu_s": edge_raw / gpus / trace_s if edge else None,
         "anomalies": [list(a) for a in anomalies],
     }
 
