@@ -57,8 +57,12 @@ class Message:
     """Kafka bytes of the same message in batch version 1 (zstd), the same-run reference."""
 
 
+ZSTD_LEVEL = None
+"""aiokafka's zstd: it passes no level (cramjam's default)."""
+
+
 def _zstd(value: bytes) -> int:
-    return len(bytes(cramjam.zstd.compress(value)))
+    return len(bytes(cramjam.zstd.compress(value, level=ZSTD_LEVEL)))
 
 
 def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, version: int = _samples.WIRE_VERSION,
@@ -74,7 +78,7 @@ def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, version: int
     co = Coalescer(max_age_s=coalesce_ns / 1e9)
     out: list[Message] = []
     pending: dict[str, list[bytes]] = {}
-    cpu = {"encode_cpu_s": 0.0}
+    cpu = {"encode_cpu_s": 0.0, "v1_kafka_zstd_compress_s": 0.0, "v1_kafka_zstd_decompress_s": 0.0}
 
     def flush_events(t: int) -> None:
         for node, vals in pending.items():
@@ -89,7 +93,19 @@ def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, version: int
         c0 = time.process_time()
         vals = [(b.node, enc(b)) for b in batches]
         cpu["encode_cpu_s"] += time.process_time() - c0
-        refs = [_zstd(_samples.encode(b, version=1)) if reference else 0 for b in batches]
+        refs = []
+        for b in batches:
+            if not reference:
+                refs.append(0)
+                continue
+            v1 = _samples.encode(b, version=1)
+            c0 = time.process_time()
+            z = bytes(cramjam.zstd.compress(v1, level=ZSTD_LEVEL))
+            c1 = time.process_time()
+            cramjam.zstd.decompress(z)
+            cpu["v1_kafka_zstd_compress_s"] += c1 - c0
+            cpu["v1_kafka_zstd_decompress_s"] += time.process_time() - c1
+            refs.append(len(z))
         out.extend(Message(t, "samples", node, v, r) for (node, v), r in zip(vals, refs, strict=True))
 
     setup, timed = reader.timeline()
@@ -209,6 +225,10 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
         "segment_cpu_per_s": cpu["segment"] / trace_s,
         "localize_cpu_per_s": cpu["localize"] / trace_s,
         "producer_encode_cpu_per_s": prod["encode_cpu_s"] / trace_s,
+        # same-run reference: what Kafka's zstd costs the clients on version-1 messages
+        # (the producer compresses, the consumer decompresses; version 2 carries its own)
+        "v1_kafka_zstd_compress_cpu_per_s": prod["v1_kafka_zstd_compress_s"] / trace_s,
+        "v1_kafka_zstd_decompress_cpu_per_s": prod["v1_kafka_zstd_decompress_s"] / trace_s,
         "segment_gpus_per_core": gpus / (cpu["segment"] / trace_s) if cpu["segment"] > 0 else math.inf,
         "segment_path_gpus_per_core": gpus / ((cpu["segment"] + cpu["batch_decode"] + cpu["hook_decode"]) / trace_s),
         "localize_gpus_per_core": gpus / (loc_s / trace_s),
