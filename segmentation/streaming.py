@@ -30,6 +30,7 @@ from pulse.segmentation.association import FlowKey, OpInfo, OpKey, RankFiller, _
 from pulse.segmentation.batchorder import LOW, NicOrder
 from pulse.segmentation.flows import RECV, SEND, UNBOUND, FlowTable
 from pulse.segmentation.gather import active_epochs, gather
+from pulse.segmentation.ingest import _ingest_kernel
 from pulse.segmentation.kernel import FAR, OPEN, TX_MASK, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, batch_rows, check_epoch, nic_rows
@@ -487,3 +488,8 @@ def warm_up() -> None:
         run_kernel(ptr, one, one, ptr, one, thr, slack, gap=3, stall=10, merge=5, watermark=one,
                    final=final, carry_in=None, earliest=one)
     merge_rows((one, one, one), (one, one + 1, one))
+    u32 = np.ones(1, np.uint32)
+    for has_rx in (False, True):  # the types decoded batches bring
+        _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, 512 if has_rx else 0, one, one,
+                       np.ones(2, np.int8), np.zeros(2, np.int64), np.zeros(2, bool), np.zeros(2, bool),
+                       np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY)

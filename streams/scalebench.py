@@ -9,7 +9,10 @@ them: hook-event decoding, epoch-batch decoding, segmentation (one
 :class:`~pulse.engine.segment_stage.SegmentStage`), localization (one job's
 :class:`~pulse.engine.job.Localizers`). Each stage's CPU time (``time.process_time``) is
 divided by the trace's duration: ``*_cpu_per_s`` is the fraction of a core the stage
-needs to keep up in real time, and ``*_gpus_per_core`` = GPUs / that. The edge option's
+needs to keep up in real time, and ``*_gpus_per_core`` = GPUs / that. The job's setup
+events (comm and flow events, published first) are one chunk measured apart
+(``setup_cpu_s``): every segmenter learns every communicator, a cost that grows with
+GPUs squared but is paid once per job, not per second. The edge option's
 bytes (op metrics packed per node and chunk, plus the hook events) come from the same run.
 
 Reference measured in the same run (the machine is shared): a bare numpy pass (``np.sum``)
@@ -40,6 +43,8 @@ from .state import _pack
 
 COALESCE_NS = 20_000_000
 """The producer's merge window (``pulse produce``'s default ``--coalesce-ms``)."""
+SETUP_T = -1
+"""Time stamp of the setup events' messages: measured apart, as a job's one-off cost."""
 CHUNK_NS = 50_000_000
 """What one agent call takes (``take_events(1024, within=0.05 s)``)."""
 GPUS_PER_NODE = 8
@@ -115,7 +120,7 @@ def stream_messages(reader: Any, *, coalesce_ns: int = COALESCE_NS, version: int
     for t, item in timed:
         if first is None:
             first = t
-            flush_events(t)
+            flush_events(SETUP_T)  # the setup events (comm, flow) are their own first chunk
         send(co.due(t / 1e9), t)
         if isinstance(item, _samples.EpochBatch):
             send(co.add(item, t / 1e9), t)
@@ -150,6 +155,7 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
     seg = SegmentStage()
     loc = Localizers()
     cpu = dict.fromkeys(("hook_decode", "batch_decode", "segment", "localize"), 0.0)
+    setup_cpu = dict(cpu)
     rows = n_batches = n_events = n_metrics = 0
     t_lo, t_hi = 1 << 62, -(1 << 62)
     edge_bytes = edge_raw = 0
@@ -178,6 +184,10 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
                     edge_bytes += _zstd(raw)
 
     for chunk in _chunks(messages, CHUNK_NS):
+        if chunk[0].t_ns == SETUP_T:
+            # a job's comm and flow events, once: every segmenter learns every communicator
+            # (O(GPUs^2) at the start, none after), so they are reported apart
+            before = dict(cpu)
         c0 = time.process_time()
         evs = [e for m in chunk if m.topic == "hook-events" for e in _events.decode_many(m.value)]
         c1 = time.process_time()
@@ -199,6 +209,9 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
         out = seg.add(evs, bts)
         cpu["segment"] += time.process_time() - c0
         route(out)
+        if chunk[0].t_ns == SETUP_T:
+            setup_cpu = {k: cpu[k] - before[k] for k in cpu}
+            cpu = before
     c0 = time.process_time()
     out = seg.finish()
     cpu["segment"] += time.process_time() - c0
@@ -220,6 +233,7 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
         "gpus": gpus, "source": "simulated packets (healthy, pulse sim)", "trace_s": round(trace_s, 4),
         "epoch_rows": rows, "batches_in": n_batches, "messages": len(messages), "hook_events": n_events,
         "op_metrics": n_metrics,
+        "setup_cpu_s": {k: round(v, 4) for k, v in setup_cpu.items()},
         "hook_decode_cpu_per_s": cpu["hook_decode"] / trace_s,
         "batch_decode_cpu_per_s": cpu["batch_decode"] / trace_s,
         "segment_cpu_per_s": cpu["segment"] / trace_s,
