@@ -303,9 +303,11 @@ def _sizes(text: str) -> list[int]:
         sizes = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         raise click.BadParameter(f"{text!r}: a comma-separated list of GPU counts") from None
-    bad = [s for s in sizes if s < 16 or s % (2 * GPUS_PER_NODE)]
+    # the simulated job has 2 pipeline stages and data parallelism over >= 2 nodes each
+    unit = 4 * GPUS_PER_NODE
+    bad = [s for s in sizes if s < unit or s % unit]
     if not sizes or bad:
-        raise click.BadParameter(f"{text!r}: GPU counts must be multiples of {2 * GPUS_PER_NODE} (>= 16)")
+        raise click.BadParameter(f"{text!r}: GPU counts must be multiples of {unit}")
     return sizes
 
 

@@ -17,11 +17,11 @@ KEYS = ("gpus", "trace_s", "segment_cpu_per_s", "localize_cpu_per_s", "segment_g
 
 
 def test_bench_scale_json_on_a_tiny_job() -> None:
-    res = CliRunner().invoke(main, ["bench", "scale", "--gpus", "16", "--steps", "2", "--json"])
+    res = CliRunner().invoke(main, ["bench", "scale", "--gpus", "32", "--steps", "2", "--json"])
     assert res.exit_code == 0, res.output
     data = orjson.loads(res.stdout.strip().splitlines()[-1])
     (row,) = data["sizes"]
-    assert row["gpus"] == 16 and row["source"].startswith("simulated")
+    assert row["gpus"] == 32 and row["source"].startswith("simulated")
     for k in KEYS:
         v = row[k]
         assert isinstance(v, (int, float)) and math.isfinite(v) and v > 0, (k, v)
@@ -32,5 +32,5 @@ def test_bench_scale_json_on_a_tiny_job() -> None:
 
 
 def test_bench_scale_refuses_odd_sizes() -> None:
-    res = CliRunner().invoke(main, ["bench", "scale", "--gpus", "12"])
-    assert res.exit_code == 2 and "multiples of 16" in res.output
+    res = CliRunner().invoke(main, ["bench", "scale", "--gpus", "48"])
+    assert res.exit_code == 2 and "multiples of 32" in res.output
