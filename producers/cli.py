@@ -47,13 +47,16 @@ def _report(opts: _Opts, summary: dict[str, Any]) -> None:
 @click.option("--linger-ms", type=count(0, 60_000), default=5, show_default=True, help="Batching delay of the producer.")
 @click.option("--coalesce-ms", type=Number(float, 0.0, 60_000.0), default=20.0, show_default=True,
               help="Merge a NIC's consecutive epoch batches into one message for up to this long (0 = off).")
+@click.option("--batch-version", type=click.Choice(["1", "2"]), default="2", show_default=True,
+              help="Epoch-batch encoding: 2 is delta-coded and zstd-compressed (~8x smaller); 1 for consumers "
+                   "older than it.")
 @click.option("--spool-dir", type=KeepDir(), help="Disk spool (default PULSE_SPOOL_DIR).")
 @click.option("--spool-max-bytes", type=count(0, 2**50), help="Spool bound (default PULSE_SPOOL_MAX_BYTES).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout.")
 @click.pass_context
 def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitions: int | None, compression: str,
-            linger_ms: int, coalesce_ms: float, spool_dir: str | None, spool_max_bytes: int | None,
-            as_json: bool) -> None:
+            linger_ms: int, coalesce_ms: float, batch_version: str, spool_dir: str | None,
+            spool_max_bytes: int | None, as_json: bool) -> None:
     """Publish epoch batches (pulse.samples) and hook events (pulse.hook-events), keyed by node.
 
     When the broker is unreachable, messages wait in a bounded disk spool and are sent in
@@ -66,7 +69,8 @@ def produce(ctx: click.Context, broker: str | None, prefix: str | None, partitio
         raise ConfigError("no broker: set PULSE_BROKER or --broker host:port (pulse broker runs an embedded one)")
     if coalesce_ms < 0:
         raise ConfigError(f"--coalesce-ms {coalesce_ms}: must be >= 0 (0 = off)")
-    ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms, "coalesce_ms": coalesce_ms}, as_json)
+    ctx.obj = _Opts(s, {"compression": compression, "linger_ms": linger_ms, "coalesce_ms": coalesce_ms,
+                        "batch_version": int(batch_version)}, as_json)
 
 
 async def _publish_trace(opts: _Opts, trace_dir: str, speed: float, *, rebase: bool) -> dict[str, Any]:

@@ -13,6 +13,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "pcap": ("pulse.nic.bench:bench_pcap", "pcap read+decode+bin packets/s vs tcpdump -r."),
     "agent": ("pulse.producers.agent_bench:bench_agent", "Node agent CPU per 100k packets/s and 10k hook events/s."),
     "pipeline": ("pulse.streams.bench:bench_pipeline", "Producer->broker->segment agent vs raw aiokafka; demo latency."),
+    "scale": ("pulse.streams.scalebench:bench_scale", "Per-stage CPU per second of traffic, GPUs per core, Kafka bytes per GPU-s."),
 }
 
 

@@ -3,14 +3,20 @@
 One batch = one NIC's nonzero per-flow epochs for a time window. Layout (little endian)::
 
     magic      4s   b"PLSE"
-    version    u16  1
+    version    u16  1 or 2
     flags      u16  bit 0: rx_bytes present
     epoch_ns   u32  epoch length (1 µs .. 1 s)
     n_rows     u32
     batch_seq  u64  per (node, nic) counter; a gap means a lost batch
     t0_ns      i64  start of epoch 0 on the node's clock
     job_len, node_len, nic_len   3 x u16, then the three UTF-8 strings
-    flow[n] u32, epoch[n] u32, tx_bytes[n] u32, [rx_bytes[n] u32]
+    version 1: flow[n] u32, epoch[n] u32, tx_bytes[n] u32, [rx_bytes[n] u32]
+    version 2: the same columns delta-coded, byte-shuffled and LZ4-compressed behind a
+               CRC-32 (:mod:`pulse.batchcodec`): ~4x fewer bytes than version 1, and
+               ~1.3x fewer than version 1 once both went through Kafka's zstd
+
+``encode`` writes version 1 unless asked for 2 (trace files keep version 1); the
+producers publish version 2 (``WIRE_VERSION``). ``decode`` reads both.
 
 Rows are sorted by (flow, epoch) strictly (no duplicate rows) and every row carries
 bytes (tx or rx nonzero). Decoding checks all of it and raises :class:`DecodeError`
@@ -25,12 +31,16 @@ import struct
 
 import numpy as np
 
+from pulse import batchcodec
 from pulse._schema import MAX_MESSAGE_BYTES
 from pulse.errors import DecodeError, EncodeError
 from pulse.settings import MAX_EPOCH_NS, MIN_EPOCH_NS
 
 MAGIC = b"PLSE"
 VERSION = 1
+VERSIONS = (1, 2)
+WIRE_VERSION = 2
+"""What the producers publish."""
 FLAG_RX = 1
 _HEAD = struct.Struct("<4sHHIIQqHHH")
 HEADER_SIZE = _HEAD.size
@@ -175,9 +185,12 @@ def make_batch(
                       batch_seq=batch_seq, flow=f, epoch=e, tx_bytes=t, rx_bytes=r, job=job)
 
 
-def encode(batch: EpochBatch) -> bytes:
-    """Bytes of a batch built by :func:`make_batch` (or decoded). A hand-built
-    ``EpochBatch`` is checked for shape and dtype here; row order is ``make_batch``'s job."""
+def encode(batch: EpochBatch, *, version: int = VERSION) -> bytes:
+    """Bytes of a batch built by :func:`make_batch` (or decoded), in wire ``version`` 1 or
+    2. A hand-built ``EpochBatch`` is checked for shape and dtype here; row order is
+    ``make_batch``'s job."""
+    if version not in VERSIONS:
+        raise EncodeError(f"batch version {version}: this Pulse writes {VERSIONS}")
     names = [s.encode() for s in (batch.job, batch.node, batch.nic)]
     flags = FLAG_RX if batch.rx_bytes is not None else 0
     cols: list[np.ndarray] = [batch.flow, batch.epoch, batch.tx_bytes]
@@ -191,10 +204,13 @@ def encode(batch: EpochBatch) -> bytes:
         raise EncodeError(f"batch {batch.node}/{batch.nic}: column lengths differ "
                           f"({', '.join(str(c.shape[0]) for c in cols)})")
     try:
-        head = _HEAD.pack(MAGIC, VERSION, flags, batch.epoch_ns, batch.n_rows, batch.batch_seq,
+        head = _HEAD.pack(MAGIC, version, flags, batch.epoch_ns, batch.n_rows, batch.batch_seq,
                           batch.t0_ns, *(len(n) for n in names))
     except struct.error as exc:
         raise EncodeError(f"batch {batch.node}/{batch.nic}: header field out of range ({exc})") from None
+    if version == 2:
+        return b"".join([head, *names, batchcodec.encode_columns(batch.flow, batch.epoch, batch.tx_bytes,
+                                                                  batch.rx_bytes)])
     return b"".join([head, *names, *(np.ascontiguousarray(c, dtype=_U32).tobytes() for c in cols)])
 
 
@@ -216,8 +232,8 @@ def decode(buf: bytes | bytearray | memoryview, *, where: str = "batch",
     magic, version, flags, epoch_ns, n, seq, t0, lj, ln, lc = _HEAD.unpack_from(mv, 0)
     if magic != MAGIC:
         raise DecodeError(f"{where}: bad magic {bytes(magic)!r} (expected {MAGIC!r}): not an epoch batch")
-    if version != VERSION:
-        raise DecodeError(f"{where}: unsupported batch version {version} (this Pulse reads {VERSION})")
+    if version not in VERSIONS:
+        raise DecodeError(f"{where}: unsupported batch version {version} (this Pulse reads {VERSIONS})")
     if flags & ~FLAG_RX:
         raise DecodeError(f"{where}: unknown flag bits 0x{flags & ~FLAG_RX:x}")
     if not MIN_EPOCH_NS <= epoch_ns <= MAX_EPOCH_NS:
@@ -225,10 +241,17 @@ def decode(buf: bytes | bytearray | memoryview, *, where: str = "batch",
     if n > MAX_ROWS:
         raise DecodeError(f"{where}: header claims {n} rows (limit {MAX_ROWS})")
     ncols = 4 if flags & FLAG_RX else 3
-    expected = HEADER_SIZE + lj + ln + lc + 4 * n * ncols
-    if mv.nbytes != expected:
-        kind = "truncated" if mv.nbytes < expected else "oversized"
-        raise DecodeError(f"{where}: {kind}: {mv.nbytes} bytes, header says {expected}")
+    names_end = HEADER_SIZE + lj + ln + lc
+    if version == 1:
+        expected = names_end + 4 * n * ncols
+        if mv.nbytes != expected:
+            kind = "truncated" if mv.nbytes < expected else "oversized"
+            raise DecodeError(f"{where}: {kind}: {mv.nbytes} bytes, header says {expected}")
+    elif mv.nbytes < names_end:
+        raise DecodeError(f"{where}: truncated: {mv.nbytes} bytes, the names end at {names_end}")
+    elif 12 * n > max_bytes:
+        # never more rows than a version-1 message of the size limit could carry
+        raise DecodeError(f"{where}: header claims {n} rows, over the {max_bytes // 12} a message may carry")
     off = HEADER_SIZE
     names = []
     for what, length in (("job", lj), ("node", ln), ("nic", lc)):
@@ -244,10 +267,13 @@ def decode(buf: bytes | bytearray | memoryview, *, where: str = "batch",
         check_name("job", job, allow_empty=True)
     except EncodeError as exc:
         raise DecodeError(f"{where}: {exc}") from None
-    cols = []
-    for _ in range(ncols):
-        cols.append(np.frombuffer(mv, dtype=_U32, count=n, offset=off))
-        off += 4 * n
+    if version == 2:
+        cols = list(batchcodec.decode_columns(mv[off:], n, ncols == 4, f"{where} ({node}/{nic} seq {seq})"))
+    else:
+        cols = []
+        for _ in range(ncols):
+            cols.append(np.frombuffer(mv, dtype=_U32, count=n, offset=off))
+            off += 4 * n
     rx = cols[3] if ncols == 4 else None
     problem = _rows_problem(cols[0], cols[1], cols[2], rx)
     if problem:

@@ -15,10 +15,13 @@ from collections.abc import Callable
 import numpy as np
 from pulse.segmentation.association import FlowKey
 from pulse.segmentation.columns import Columns
+from pulse.segmentation.ingest import OK, ingest_batches
 from pulse.segmentation.params import SegmentParams
 from pulse.segmentation.rows import merge_sorted
 from pulse.segmentation.rowstore import merge_rows
 from pulse.segmentation.streamstats import StreamStats
+
+from pulse.samples import EpochBatch
 
 _EMPTY = np.zeros(0, np.int64)
 LOW = -(1 << 62)
@@ -94,6 +97,42 @@ class FlowTable:
         n = self.f.col("nrows")
         return {self.keys[i]: int(n[i]) for i in np.flatnonzero(n).tolist()}
 
+    def ingest_fast(self, nic_name: str, batches: list[EpochBatch], burst_rx: int) -> tuple[int, int] | None:
+        """A NIC's consecutive batches in one kernel pass (:mod:`.ingest`); returns (rows
+        kept, last grid epoch or LOW), or None, having changed nothing, when they need the
+        general path (a flow not known or not bound yet)."""
+        nix = self.nic_index(nic_name)
+        fl = self.f
+        status, store, kept, late, most, emax = ingest_batches(
+            batches, burst_rx, self._nic_nums[nix], self._nic_ids[nix], fl.state, fl.floor, fl.has, fl.dirty,
+            fl.nrows, self.store[nix])
+        if status != OK:
+            return None
+        self.stats.late_rows += late
+        if most > self.params.max_buffered_rows:
+            touched = np.unique(store[0])
+            self.set_store(nix, self._evict(*store), touched)
+        elif most >= 0:
+            self.store[nix] = store
+        return kept, (emax if kept else LOW)
+
+    def _evict(self, sf: np.ndarray, se: np.ndarray, sb: np.ndarray) -> Rows:
+        """The oldest rows of a flow over ``max_buffered_rows`` go (counted): its earlier
+        epochs are final."""
+        fl = self.f
+        cap = self.params.max_buffered_rows
+        cnt = np.bincount(sf - int(sf[0]), minlength=0) if sf.size else _EMPTY
+        if not (cnt.size and cnt.max() > cap):
+            return sf, se, sb
+        starts = np.cumsum(cnt) - cnt
+        rank = np.arange(sf.size) - np.repeat(starts, cnt)
+        over = np.repeat(np.maximum(cnt - cap, 0), cnt)
+        drop = rank < over
+        self.stats.evicted_rows += int(drop.sum())
+        full = np.flatnonzero(cnt > cap)
+        fl.floor[full + int(sf[0])] = se[starts[full] + cnt[full] - cap]
+        return sf[~drop], se[~drop], sb[~drop]
+
     def ingest(self, nic_name: str, f: np.ndarray, e: np.ndarray, t: np.ndarray, *,
                bound_only: bool = False) -> bool:
         """Buffer rows (flow number, grid epoch, bytes) of one NIC. With ``bound_only``,
@@ -144,19 +183,7 @@ class FlowTable:
             # flow ids are not in flow-number order: sort (epochs stay sorted per flow)
             order = np.argsort(row_fid, kind="stable")
             row_fid, e, t = row_fid[order], e[order], t[order]
-        sf, se, sb = merge_rows(self.store[nix], (row_fid, e, t))
-        cap = self.params.max_buffered_rows
-        cnt = np.bincount(sf - int(sf[0]), minlength=0) if sf.size else _EMPTY
-        if cnt.size and cnt.max() > cap:
-            # oldest rows of an overfull flow go (counted): its earlier epochs are final
-            starts = np.cumsum(cnt) - cnt
-            rank = np.arange(sf.size) - np.repeat(starts, cnt)
-            over = np.repeat(np.maximum(cnt - cap, 0), cnt)
-            drop = rank < over
-            self.stats.evicted_rows += int(drop.sum())
-            full = np.flatnonzero(cnt > cap)
-            fl.floor[full + int(sf[0])] = se[starts[full] + cnt[full] - cap]
-            sf, se, sb = sf[~drop], se[~drop], sb[~drop]
+        sf, se, sb = self._evict(*merge_rows(self.store[nix], (row_fid, e, t)))
         self.set_store(nix, (sf, se, sb), touched)
         return True
 

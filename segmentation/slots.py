@@ -222,11 +222,12 @@ class SlotTable:
         act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
         out = []
         keys = []
+        # Python ints from here: numpy scalar arithmetic per record cost more than the record
+        start_l, end_l, vol_l, bad_l, act_l, grant_l = (a.tolist() for a in (start, end, vol, bad, act, grant))
         for i, uid in enumerate(order):
-            info = self.info[uid]
-            out.append(_metrics.build_from(info, clock, int(start[i]) if start[i] != big else -1,
-                                           int(end[i]), int(vol[i]), bad[i] == 0, int(act[i]),
-                                           int(grant[i]) if grant[i] != big else -1))
+            out.append(_metrics.build_from(self.info[uid], clock, start_l[i] if start_l[i] != big else -1,
+                                           end_l[i], vol_l[i], bad_l[i] == 0, act_l[i],
+                                           grant_l[i] if grant_l[i] != big else -1))
             keys.append(self.ukey[uid])
         self.drop(uids)
         return out, keys

@@ -114,7 +114,7 @@ def _header(**over: int) -> bytes:
 
 @pytest.mark.parametrize(("raw", "match"), [
     (b"XXXX" + bytes(samples.HEADER_SIZE), "bad magic"),
-    (_header(version=2) + b"ab", "unsupported batch version 2"),
+    (_header(version=3) + b"ab", "unsupported batch version 3"),
     (_header(flags=2) + b"ab", "unknown flag bits"),
     (_header(epoch_ns=999) + b"ab", "epoch_ns=999"),
     (_header(epoch_ns=1_000_000_001) + b"ab", "epoch_ns"),
