@@ -46,6 +46,13 @@ class Localizers:
                                                 job_idle_s=self.job_idle_s)
         return st
 
+    def adopt(self, other: Localizers, drop: Iterable[str] = ()) -> None:
+        """Take over the jobs ``other`` rebuilt (a worker given their op-metrics partition in
+        a rebalance replays it into fresh stages), replacing ours for the jobs in ``drop``."""
+        for job in drop:
+            self.jobs.pop(job, None)
+        self.jobs.update(other.jobs)
+
     def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd]) -> None:
         self.stage(job).add_events(items)
 

@@ -90,6 +90,8 @@ def start_worker(settings: Settings, bootstrap: str, log_path: Path, env: dict[s
     child_env.update({"PULSE_BROKER": bootstrap, "PULSE_TOPIC_PREFIX": settings.topic_prefix,
                       "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id,
                       "PULSE_DATA_DIR": str(settings.data_dir)})  # its health file goes there
+    if settings.worker_name:  # one of several workers of the group
+        child_env["PULSE_WORKER_NAME"] = settings.worker_name
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "pulse.cli", "worker", "--loglevel", "info"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
@@ -110,7 +112,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
 
 async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = READY_TIMEOUT_S,
                             proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
-                            worker: str | None = None, client: dict[str, Any] | None = None) -> dict[str, Any]:
+                            worker: str | None = None, client: dict[str, Any] | None = None,
+                            member: str | None = None) -> dict[str, Any]:
     """Wait for a pipeline record with assigned partitions (the worker joined its group) and
     both agents past rebuilding their state (``ready``), so a job streamed now is taken at once."""
     from aiokafka import AIOKafkaConsumer
@@ -130,7 +133,8 @@ async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = RE
                     with contextlib.suppress(Exception):
                         rec = orjson.loads(m.value)
                         if (rec.get("assigned", 0) > 0 and rec.get("ready", True)
-                                and (worker is None or rec.get("worker") == worker)):
+                                and (worker is None or rec.get("worker") == worker)
+                                and (member is None or rec.get("member") == member)):
                             return dict(rec)
     finally:
         await c.stop()
