@@ -85,13 +85,14 @@ def run_engine(reader: TraceReader, engine: JobEngine, *, chunk_ns: int = CHUNK_
 
 
 def diagnose(trace_dir: str | Path, params: LocalizeParams | None = None, *, baseline: bool = False,
-             segment_params: SegmentParams | None = None, chunk_ns: int = CHUNK_NS) -> DiagnoseResult:
+             segment_params: SegmentParams | None = None, chunk_ns: int = CHUNK_NS,
+             shards: int = 1) -> DiagnoseResult:
     """Run the job engine on a trace directory; with ``baseline`` also the operator-level
     baseline on its oplevel.jsonl."""
     reader = TraceReader(trace_dir)
     if baseline and not (reader.path / "oplevel.jsonl").is_file():
         raise TraceError(f"{trace_dir}: no oplevel.jsonl, which the operator-level baseline reads")
-    engine = JobEngine(segment_params, params)
+    engine = JobEngine(segment_params, params, shards=shards)
     stats: dict[str, int] = {}
     n_events = run_engine(reader, engine, chunk_ns=chunk_ns, stats=stats)
     damage: dict[str, Any] = {k: v for k, v in stats.items() if k != "batches" and v}

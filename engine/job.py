@@ -121,9 +121,14 @@ class JobEngine:
     """
 
     def __init__(self, segment_params: SegmentParams | None = None, localize_params: LocalizeParams | None = None,
-                 *, hold_ns: int = HOLD_NS) -> None:
+                 *, hold_ns: int = HOLD_NS, shards: int = 1) -> None:
+        from .shards import ShardedLocalizers
+
         self.segment = SegmentStage(segment_params)
-        self.localize = Localizers(localize_params, hold_ns=hold_ns)
+        # One job's localization over ``shards`` shards, merged per job (shards.py).
+        self.localize: Localizers | ShardedLocalizers = (
+            ShardedLocalizers(shards, localize_params, hold_ns=hold_ns) if shards > 1
+            else Localizers(localize_params, hold_ns=hold_ns))
         self.metrics: list[OpMetrics] = []
         self.verdicts: list[Verdict] = []
         self.incidents: list[Incident] = []
