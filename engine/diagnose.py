@@ -128,7 +128,7 @@ def why_nothing(stats: dict[str, int], n_events: int, network_only: bool = False
 
 def diagnose(trace_dir: str | Path, params: LocalizeParams | None = None, *, baseline: bool = False,
              segment_params: SegmentParams | None = None, chunk_ns: int = CHUNK_NS,
-             network_only: bool | None = None) -> DiagnoseResult:
+             network_only: bool | None = None, shards: int = 1) -> DiagnoseResult:
     """Run the job engine on a trace directory; with ``baseline`` also the operator-level
     baseline on its oplevel.jsonl. ``network_only``: True ignores the descriptors and infers
     operators from the traffic alone; None (default) does so only when the trace holds no
@@ -140,7 +140,7 @@ def diagnose(trace_dir: str | Path, params: LocalizeParams | None = None, *, bas
     if network_only is None:
         network_only = not any(e.TYPE == "op" for e in reader.events(tolerate_truncation=True))
         reason = "the trace holds no operator descriptor (0 op events)" if network_only else ""
-    engine = JobEngine(segment_params, params, network_only=network_only)
+    engine = JobEngine(segment_params, params, network_only=network_only, shards=shards)
     stats: dict[str, int] = {}
     n_events = run_engine(reader, engine, chunk_ns=chunk_ns, stats=stats)
     counted = ("batches", *_KIND_KEYS.values(), "bound_flow_events")

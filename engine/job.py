@@ -48,6 +48,13 @@ class Localizers:
                                                 job_idle_s=self.job_idle_s)
         return st
 
+    def adopt(self, other: Localizers, drop: Iterable[str] = ()) -> None:
+        """Take over the jobs ``other`` rebuilt (a worker given their op-metrics partition in
+        a rebalance replays it into fresh stages), replacing ours for the jobs in ``drop``."""
+        for job in drop:
+            self.jobs.pop(job, None)
+        self.jobs.update(other.jobs)
+
     def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd]) -> None:
         self.stage(job).add_events(items)
 
@@ -116,16 +123,21 @@ class JobEngine:
     """
 
     def __init__(self, segment_params: SegmentParams | None = None, localize_params: LocalizeParams | None = None,
-                 *, hold_ns: int = HOLD_NS, network_only: bool = False) -> None:
+                 *, hold_ns: int = HOLD_NS, network_only: bool = False, shards: int = 1) -> None:
+        from .shards import ShardedLocalizers
+
         self.network_only = network_only
         """Operators inferred from the traffic alone (:mod:`.netonly`): descriptors ignored."""
         self.segment: SegmentStage | InferredStage = InferredStage() if network_only else SegmentStage(segment_params)
         if network_only:
-            # inferred records are per-NIC sending rates over a window, each bound to the NICs
-            # it sends to: a low one marks those links slow (see netonly's docstring)
+            # inferred records are per-link sending rates over a window, each bound to the NIC
+            # it reaches: a low one marks that link slow (see netonly's docstring)
             localize_params = dataclasses.replace(localize_params or LocalizeParams(), rate_blame=True,
                                                  rate_ratio=NETWORK_ONLY_RATE_RATIO, group_verdicts=False)
-        self.localize = Localizers(localize_params, hold_ns=hold_ns)
+        # One job's localization over ``shards`` shards, merged per job (shards.py).
+        self.localize: Localizers | ShardedLocalizers = (
+            ShardedLocalizers(shards, localize_params, hold_ns=hold_ns) if shards > 1
+            else Localizers(localize_params, hold_ns=hold_ns))
         self.metrics: list[OpMetrics] = []
         self.verdicts: list[Verdict] = []
         self.incidents: list[Incident] = []

@@ -102,6 +102,24 @@ class SegmentStage:
                 seg.add_events(list(self._comms.values()))
         return seg
 
+    def adopt(self, other: SegmentStage, drop: Iterable[str] = ()) -> None:
+        """Take over the nodes ``other`` rebuilt (a worker given their partitions in a
+        rebalance replays them into a fresh stage), replacing what this stage held for the
+        nodes in ``drop`` (partitions it had before, lost and got back: stale)."""
+        for node in set(drop) | set(other.nodes):
+            self.nodes.pop(node, None)
+            self._data_end.pop(node, None)
+            self._nic_end.pop(node, None)
+            self._told_gaps.pop(node, None)
+            self.damage.pop(node, None)
+        self.nodes.update(other.nodes)
+        self._comms.update(other._comms)
+        self._jobs.update(other._jobs)
+        self._data_end.update(other._data_end)
+        self._nic_end.update(other._nic_end)
+        self._told_gaps.update(other._told_gaps)
+        self.damage.update(other.damage)
+
     def job_of(self, node: str) -> str:
         return self._jobs.get(node, "")
 

@@ -15,6 +15,9 @@ class Topology:
 
     def __init__(self) -> None:
         self.rank_node: dict[tuple[str, int], str] = {}
+        self._by_comm: dict[str, dict[int, str]] = {}
+        """rank_node per communicator: members() is asked per operator, and a scan of
+        every rank of the job made it cost O(GPUs) per record."""
         self.nranks: dict[str, int] = {}
         self.rank_nics: dict[tuple[str, int], set[str]] = defaultdict(set)
         self.send_peers: dict[tuple[str, int], set[int]] = defaultdict(set)
@@ -25,7 +28,7 @@ class Topology:
     def add(self, events: Iterable[HookEvent]) -> None:
         for e in events:
             if isinstance(e, CommEvent) and e.rank is not None:  # rank None: not known yet
-                self.rank_node[(e.comm_id, e.rank)] = e.node
+                self._set_node(e.comm_id, e.rank, e.node, replace=True)
                 self.nranks[e.comm_id] = e.nranks
                 if e.pid is not None:
                     self.rank_pid[(e.comm_id, e.rank)] = e.pid
@@ -35,22 +38,27 @@ class Topology:
                     self.job = e.job
             elif isinstance(e, FlowEvent) and e.bound:
                 key = (e.comm_id, e.rank)  # type: ignore[arg-type]
-                self.rank_node.setdefault(key, e.node)  # type: ignore[arg-type]
+                self._set_node(e.comm_id, e.rank, e.node)  # type: ignore[arg-type]
                 self.rank_nics[key].add(f"{e.node}/{e.nic}")  # type: ignore[index]
                 if e.direction == "send":
                     self.send_peers[key].add(e.peer)  # type: ignore[index, arg-type]
 
     def learn_rank(self, comm_id: str, rank: int, node: str, nranks: int, nics: Iterable[str] | None) -> None:
         """Fill gaps from operator metrics (a job without comm events still has a membership)."""
-        self.rank_node.setdefault((comm_id, rank), node)
+        self._set_node(comm_id, rank, node)
         self.nranks.setdefault(comm_id, nranks)
         if nics:
             for n in nics:
                 self.rank_nics[(comm_id, rank)].add(n if "/" in n else f"{node}/{n}")
 
+    def _set_node(self, comm_id: str, rank: int, node: str, *, replace: bool = False) -> None:
+        if replace or (comm_id, rank) not in self.rank_node:
+            self.rank_node[(comm_id, rank)] = node
+            self._by_comm.setdefault(comm_id, {})[rank] = node
+
     def members(self, comm_id: str) -> dict[int, str]:
         """rank -> node for every rank of a communicator that is known."""
-        return {r: n for (c, r), n in self.rank_node.items() if c == comm_id}
+        return dict(self._by_comm.get(comm_id, ()))
 
     def nodes(self) -> set[str]:
         return set(self.rank_node.values())

@@ -12,6 +12,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "segment": ("pulse.segmentation.bench:bench_segment", "Segmentation kernel rows/s vs a bare numpy pass."),
     "pcap": ("pulse.nic.bench:bench_pcap", "pcap read+decode+bin packets/s vs tcpdump -r."),
     "agent": ("pulse.producers.agent_bench:bench_agent", "Node agent CPU per 100k packets/s and 10k hook events/s."),
+    "localize": ("pulse.streams.localize_bench:bench_localize", "Localization GPUs per core vs a bare JSON decode."),
     "pipeline": ("pulse.streams.bench:bench_pipeline", "Producer->broker->segment agent vs raw aiokafka; demo latency."),
     "scale": ("pulse.streams.scalebench:bench_scale", "Per-stage CPU per second of traffic, GPUs per core, Kafka bytes per GPU-s."),
 }

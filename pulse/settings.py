@@ -104,6 +104,9 @@ class Settings:
     spool_dir: Path = Path("/var/tmp/pulse-spool")
     spool_max_bytes: int = 1 << 30
     worker_id: str = "pulse-worker"
+    worker_name: str | None = None
+    """This worker's own name among the workers of one group (``worker_id`` is the group);
+    None: the group's name (one worker per group)."""
     data_dir: Path = Path("/var/tmp/pulse-data")
     alert_url: str | None = None
     """Where incident state changes are POSTed in Alertmanager's format (e.g.
@@ -279,6 +282,7 @@ class Settings:
             spool_dir=Path(get("SPOOL_DIR") or defaults.spool_dir),
             spool_max_bytes=integer("SPOOL_MAX_BYTES", defaults.spool_max_bytes),
             worker_id=get("WORKER_ID") or defaults.worker_id,
+            worker_name=get("WORKER_NAME"),
             data_dir=Path(get("DATA_DIR") or defaults.data_dir),
             alert_url=get("ALERT_URL"),
             alert_report_url=get("ALERT_REPORT_URL"),
@@ -319,6 +323,7 @@ ENV_VARS = (
     "PULSE_BROKER", "PULSE_TOPIC_PREFIX", "PULSE_PARTITIONS", "PULSE_EPOCH_NS", "PULSE_EPOCH_US",
     "PULSE_INFLUX_URL", "PULSE_INFLUX_ORG", "PULSE_INFLUX_BUCKET", "PULSE_INFLUX_TOKEN",
     "PULSE_INFLUX_TOKEN_FILE", "PULSE_SPOOL_DIR", "PULSE_SPOOL_MAX_BYTES", "PULSE_WORKER_ID",
+    "PULSE_WORKER_NAME",
     "PULSE_ALERT_URL", "PULSE_ALERT_REPORT_URL",
     "PULSE_DATA_DIR",
     "PULSE_DATA_DIR", "PULSE_KAFKA_SECURITY_PROTOCOL", "PULSE_KAFKA_SSL_CAFILE", "PULSE_KAFKA_SSL_CERTFILE",

@@ -49,6 +49,7 @@ from .influx import InfluxSink
 from .offload import LocalizeProcess
 from .readback import committed_offsets, read_back
 from .state import LocalizeState, Message, Output, SegmentState
+from .takeover import Ownership, replay_partitions
 
 log = logging.getLogger("pulse.streams")
 
@@ -108,6 +109,12 @@ class Pipeline:
         self.health_path = health_path  # `pulse worker --health` reads it (health.py)
         self.bootstrap = settings.bootstrap(bootstrap)
         self.topics = settings.topics
+        self.member = settings.worker_name or settings.worker_id
+        # Partitions whose state this worker holds: one it gets in a rebalance (another
+        # worker left) is rebuilt from its committed messages first (takeover.py).
+        self.seg_owned = Ownership([self.topics.samples, self.topics.hook_events])
+        self.loc_owned = Ownership([self.topics.op_metrics])
+        self.taken_over = 0
         self.segment_state = SegmentState(self.topics, segment_params, InputBounds.from_settings(settings))
         # Localization in a child process by default: a core of its own rather than a share
         # of this process's GIL with Faust and segmentation (see offload.py).
@@ -176,6 +183,7 @@ class Pipeline:
             self.seeded.add("segment")
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
                 msgs = [self._message(ev) for ev in chunk]
+                await self._take_over(app, msgs, self.seg_owned)
                 out = await self._run(self._seg_pool, self.segment_state.handle, msgs)
                 self.input_done_at_ns = time.time_ns()
                 self._note_lag("segment", chunk)
@@ -189,6 +197,7 @@ class Pipeline:
             await self._seed_localizers()
             self.seeded.add("localize")
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
+                await self._take_over(app, [self._message(ev) for ev in chunk], self.loc_owned)
                 msgs = [m for m in (self._message(ev) for ev in chunk) if not self._handed_over(m)]
                 self._note_lag("localize", chunk)
                 if not msgs:
@@ -264,8 +273,9 @@ class Pipeline:
             return
         t = self.topics
         send = app.producer.send
-        try:
-            mine = {tp.partition for tp in app.consumer.assignment() if tp.topic == t.op_metrics}
+        try:  # only partitions whose state is here (one just taken over is rebuilt first)
+            mine = {tp.partition for tp in app.consumer.assignment()
+                    if tp.topic == t.op_metrics and self.loc_owned.holds(tp.partition)}
         except Exception:  # no consumer yet (starting): everything goes the long way
             mine = set()
         local: list[Message] = []
@@ -282,6 +292,28 @@ class Pipeline:
             task = asyncio.ensure_future(self._after_local_localize(fut, verdicts))
             self._local_tasks.add(task)
             task.add_done_callback(self._local_tasks.discard)
+
+    async def _take_over(self, app: Any, msgs: list[Message], owned: Ownership) -> None:
+        """Rebuild the state of partitions new to this worker (a rebalance gave them: another
+        worker left) before taking their messages (takeover.py)."""
+        try:
+            assignment = app.consumer.assignment()
+        except Exception:  # no consumer yet
+            return
+        new = owned.new(assignment, [(m.topic, m.partition) for m in msgs])
+        if not new:
+            return
+        t, n = self.topics, self.settings.partitions
+        segment = owned is self.seg_owned
+        topics = [t.hook_events, t.samples] if segment else [t.op_metrics]
+        replay = await replay_partitions(self.bootstrap, self.settings.worker_id, topics, new,
+                                         hook_topic=t.hook_events, client=kafka_client_kwargs(self.settings))
+        state: Any = self.segment_state if segment else self.localize_state
+        await self._run(self._seg_pool if segment else self._loc_pool,
+                        lambda _m: state.adopt(new, n, replay) or Output(), [])
+        self.taken_over += len(new)
+        log.warning("%s: took over %s partitions %s (rebuilt from %d committed messages)", self.member,
+                    "segment" if segment else "localize", sorted(new), len(replay))
 
     def _localize(self, msgs: list[Message]) -> asyncio.Future[Output]:
         """Records to the localize state, in submission order (one thread); counted until
@@ -405,15 +437,25 @@ class Pipeline:
         assigned = 0
         with contextlib.suppress(Exception):
             assigned = len((app or self.app).consumer.assignment())
+        parts: dict[str, list[int]] = {}
+        with contextlib.suppress(Exception):
+            for tp in (app or self.app).consumer.assignment():
+                parts.setdefault(tp.topic, []).append(tp.partition)
         rec: dict[str, Any] = {
-            "type": "pipeline", "v": 1, "worker": self.settings.worker_id, "at_ns": time.time_ns(),
-            "assigned": assigned, "batches": seg["batches"], "rows": seg["rows"], "events": seg["events"],
+            "type": "pipeline", "v": 1, "worker": self.settings.worker_id, "member": self.member,
+            "at_ns": time.time_ns(), "assigned": assigned,
+            # Which partitions are this worker's (workers of one group split them).
+            "partitions": sorted(parts.get(self.topics.samples, [])),
+            "op_partitions": sorted(parts.get(self.topics.op_metrics, [])),
+            "taken_over": self.taken_over, "batches": seg["batches"], "rows": seg["rows"], "events": seg["events"],
             "op_metrics": seg["op_metrics"], "verdicts": self.verdicts_sent, "dead_letters": self.dead_sent,
             "lost_batches": seg["lost_batches"], "drops": seg["late_batches"] + seg["lost_batches"],
             "lag_ms_segment": round(self.lag_ms.get("segment", 0.0), 1),
             "lag_ms_localize": round(self.lag_ms.get("localize", 0.0), 1),
             "incidents": self.incidents_sent,
-            "held_op_metrics": self.localize_state.held, "input_done_at_ns": self.input_done_at_ns,
+            "held_op_metrics": self.localize_state.held,
+            # Operator records the localize state took (its own and other workers').
+            "localized": self.localize_state.metrics, "input_done_at_ns": self.input_done_at_ns,
             # Localize calls submitted and not finished (a backlog: verdicts still to come).
             "localize_queued": self._loc_busy,
             # Both agents rebuilt their state and take new messages.

@@ -104,8 +104,10 @@ def _health(s: Settings, path: Path, max_lag: int | None, max_age: float | None,
 @click.option("--json", "as_json", is_flag=True,
               help="JSON lines on stdout: one per verdict and per incident state change, then a summary.")
 @click.option("--verbose", "-v", is_flag=True, help="Print every verdict, not only the incidents' state changes.")
+@click.option("--workers", type=count(1, 64), default=1, show_default=True,
+              help="Worker processes in one consumer group (they split the partitions; at least this many).")
 def demo(scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, nics_per_node: int, speed: float,
-         trace_dir: str | None, timeout_s: float, as_json: bool, verbose: bool) -> None:
+         trace_dir: str | None, timeout_s: float, as_json: bool, verbose: bool, workers: int) -> None:
     """The whole pipeline on this machine: the embedded broker (unless PULSE_BROKER is set), a
     worker, and a live simulated job with an anomaly. Prints each incident (open, updated,
     resolved) as it arrives with the time from the end of the first anomalous operator to
@@ -118,6 +120,6 @@ def demo(scenario: str, seed: int, steps: int, nodes: int, gpus_per_node: int, n
         raise ConfigError(f"--speed {speed}: must be > 0")
     cfg = DemoConfig(scenario=scenario, seed=seed, steps=steps, nodes=nodes, gpus_per_node=gpus_per_node,
                      nics_per_node=nics_per_node, speed=speed, trace_dir=trace_dir, timeout_s=timeout_s,
-                     as_json=as_json, verbose=verbose)
+                     as_json=as_json, verbose=verbose, workers=workers)
     run_demo(Settings.from_env(), cfg)
     sys.stdout.flush()

@@ -56,6 +56,8 @@ class DemoConfig:
     echo: bool = True
     verbose: bool = False
     """Print every verdict, not only the incidents' state changes."""
+    workers: int = 1
+    """Worker processes in the consumer group (they split the partitions)."""
 
 
 def first_anomalous_end_ns(truth: dict[str, Any]) -> int | None:
@@ -90,6 +92,8 @@ def start_worker(settings: Settings, bootstrap: str, log_path: Path, env: dict[s
     child_env.update({"PULSE_BROKER": bootstrap, "PULSE_TOPIC_PREFIX": settings.topic_prefix,
                       "PULSE_PARTITIONS": str(settings.partitions), "PULSE_WORKER_ID": settings.worker_id,
                       "PULSE_DATA_DIR": str(settings.data_dir)})  # its health file goes there
+    if settings.worker_name:  # one of several workers of the group
+        child_env["PULSE_WORKER_NAME"] = settings.worker_name
     with open(log_path, "ab") as log:
         return subprocess.Popen([sys.executable, "-m", "pulse.cli", "worker", "--loglevel", "info"],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
@@ -110,7 +114,8 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 20.0) -> None
 
 async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = READY_TIMEOUT_S,
                             proc: subprocess.Popen[bytes] | None = None, log_path: Path | None = None,
-                            worker: str | None = None, client: dict[str, Any] | None = None) -> dict[str, Any]:
+                            worker: str | None = None, client: dict[str, Any] | None = None,
+                            member: str | None = None) -> dict[str, Any]:
     """Wait for a pipeline record with assigned partitions (the worker joined its group) and
     both agents past rebuilding their state (``ready``), so a job streamed now is taken at once."""
     from aiokafka import AIOKafkaConsumer
@@ -130,7 +135,8 @@ async def wait_worker_ready(bootstrap: str, topic: str, *, timeout_s: float = RE
                     with contextlib.suppress(Exception):
                         rec = orjson.loads(m.value)
                         if (rec.get("assigned", 0) > 0 and rec.get("ready", True)
-                                and (worker is None or rec.get("worker") == worker)):
+                                and (worker is None or rec.get("worker") == worker)
+                                and (member is None or rec.get("member") == member)):
                             return dict(rec)
     finally:
         await c.stop()
@@ -153,6 +159,38 @@ def _describe(v: dict[str, Any]) -> str:
     return str(v.get("status"))
 
 
+async def wait_group_split(bootstrap: str, settings: Settings, names: list[str], *, timeout_s: float = READY_TIMEOUT_S,
+                           procs: list[subprocess.Popen[bytes]] | None = None) -> dict[str, list[int]]:
+    """Wait until the latest pipeline records of the workers ``names`` of the group split the
+    input partitions between them (disjoint, every one assigned): a job streamed before
+    that would wait for a rebalance."""
+    from aiokafka import AIOKafkaConsumer
+
+    c = AIOKafkaConsumer(settings.topics.pipeline, bootstrap_servers=bootstrap, auto_offset_reset="latest",
+                         group_id=None, metadata_max_age_ms=1000, fetch_max_wait_ms=FETCH_MAX_WAIT_MS,
+                         **kafka_client_kwargs(settings))
+    await c.start()
+    parts: dict[str, list[int]] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            for p in procs or []:
+                if p.poll() is not None:
+                    raise ServiceError(f"a worker exited with status {p.returncode} before the group formed")
+            for msgs in (await c.getmany(timeout_ms=300)).values():
+                for m in msgs:
+                    with contextlib.suppress(Exception):
+                        rec = orjson.loads(m.value)
+                        if rec.get("worker") == settings.worker_id and rec.get("member") in names:
+                            parts[rec["member"]] = list(rec.get("partitions") or [])
+            got = sorted(p for v in parts.values() for p in v)
+            if len(parts) == len(names) and all(parts.values()) and got == list(range(settings.partitions)):
+                return parts
+    finally:
+        await c.stop()
+    raise ServiceError(f"the {len(names)} workers did not split the partitions within {timeout_s:.0f} s: {parts}")
+
+
 async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path, workdir: Path) -> dict[str, Any]:
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from pulse.producers.publisher import Publisher, ensure_topics
@@ -165,15 +203,24 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
     anomaly_end = first_anomalous_end_ns(truth)
     await ensure_topics(bootstrap, settings, timeout_s=30.0)
     log_path = workdir / "worker.log"
-    say(f"starting the worker on the broker at {bootstrap} (log {log_path})...")
-    proc = start_worker(settings, bootstrap, log_path)
+    n = cfg.workers
+    members = [dataclasses.replace(settings, worker_name=f"{settings.worker_id}-{i}", data_dir=settings.data_dir / f"w{i}")
+               for i in range(n)] if n > 1 else [settings]
+    say(f"starting {n} worker{'s' if n > 1 else ''} ({settings.partitions} partitions) on the broker at "
+        f"{bootstrap} (log {log_path})...")
+    procs = [start_worker(m, bootstrap, log_path) for m in members]
+    proc = procs[0]
     results: list[dict[str, Any]] = []
     incidents: list[dict[str, Any]] = []
     timeline: list[dict[str, Any]] = []
     clock = ReplayClock(cfg.speed)
     try:
-        await wait_worker_ready(bootstrap, settings.topics.pipeline, proc=proc, log_path=log_path,
-                                worker=settings.worker_id, client=kafka_client_kwargs(settings))
+        if n == 1:
+            await wait_worker_ready(bootstrap, settings.topics.pipeline, proc=proc, log_path=log_path,
+                                    worker=settings.worker_id, client=kafka_client_kwargs(settings))
+        else:
+            split = await wait_group_split(bootstrap, settings, [m.worker_name or "" for m in members], procs=procs)
+            say("  partitions: " + "; ".join(f"{k} {v}" for k, v in sorted(split.items())))
         # A short fetch wait: Tansu answers a waiting fetch only when the wait ends, and the
         # verdicts' arrival time is what the latency measures.
         cons = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
@@ -209,6 +256,7 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         task = asyncio.create_task(stream())
         worker_batches = 0
         localize_idle = False
+        latest: dict[str, dict[str, Any]] = {}  # each worker's last pipeline record
         last_change = time.monotonic()
         end_deadline: float | None = None
         while True:
@@ -240,14 +288,18 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
                         if rec.get("worker") != settings.worker_id:
                             continue
                         timeline.append({"stream_s": round(time.time() - clock.t0_wall, 2),
-                                         **{k: rec.get(k) for k in TIMELINE_FIELDS}})
-                        if rec.get("batches", 0) != worker_batches:
-                            worker_batches = rec["batches"]
+                                         "member": rec.get("member"), **{k: rec.get(k) for k in TIMELINE_FIELDS}})
+                        latest[str(rec.get("member"))] = rec
+                        total = sum(int(r.get("batches", 0)) for r in latest.values())
+                        if total != worker_batches:
+                            worker_batches = total
                             last_change = time.monotonic()
                         # The localizer may still work through a backlog after the input ended.
-                        localize_idle = not rec.get("localize_queued") and not rec.get("held_op_metrics")
-            if proc.poll() is not None:
-                raise ServiceError(f"the worker died (status {proc.returncode}); log {log_path}")
+                        localize_idle = len(latest) >= n and all(
+                            not r.get("localize_queued") and not r.get("held_op_metrics") for r in latest.values())
+            for p in procs:
+                if p.poll() is not None:
+                    raise ServiceError(f"a worker died (status {p.returncode}); log {log_path}")
             if done.is_set():
                 if task.done() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
@@ -262,15 +314,16 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         await cons.stop()
         await pipe.stop()
     finally:
-        stop_process(proc)
+        for p in procs:
+            stop_process(p)
     anomalies = [r for r in results if r.get("status") == "anomaly"]
     culprits = set((truth.get("culprit") or {}).get("nodes") or [])
     # The diagnosis is the first verdict naming a culprit node; earlier wrong ones are false alarms.
     right = [r for r in anomalies if culprits & set(r.get("nodes") or [])]
     lats = [r["latency_s"] for r in right if r.get("latency_s") is not None]
-    latest: dict[str, dict[str, Any]] = {}
+    last_state: dict[str, dict[str, Any]] = {}
     for i in incidents:
-        latest[str(i.get("id"))] = i
+        last_state[str(i.get("id"))] = i
     opened = [i for i in incidents if i.get("state") == "open"]
     right_inc = [i for i in opened if culprits & set(i.get("nodes") or [])]
     lags = [max(float(t.get("lag_ms_segment") or 0), float(t.get("lag_ms_localize") or 0)) for t in timeline]
@@ -284,10 +337,20 @@ async def _demo(settings: Settings, cfg: DemoConfig, bootstrap: str, trace: Path
         "published_s": published.get("published_s"), "time_offset_ns": clock.offset_ns,
         "worker_batches": worker_batches, "publisher": stats, "worker_log": str(log_path),
         "worker_timeline": timeline,
-        "incidents": list(latest.values()),
+        "incidents": list(last_state.values()),
         "incident_latency_s": right_inc[0].get("latency_s") if right_inc else None,
         "worker_lag_max_s": round(max(lags) / 1000, 3) if lags else None,
+        "workers": n, "partitions": settings.partitions, "gpus": gpus_of(truth, cfg),
+        "worker_lag_max_s_each": {k: round(max((max(float(t.get("lag_ms_segment") or 0),
+                                                    float(t.get("lag_ms_localize") or 0))
+                                                for t in timeline if t.get("member") == k), default=0) / 1000, 3)
+                                  for k in sorted(latest)},
     }
+
+
+def gpus_of(truth: dict[str, Any], cfg: DemoConfig) -> int:
+    """The job's GPU count (the simulated one's, or the streamed trace's truth)."""
+    return int(truth.get("gpus") or 0) or cfg.nodes * cfg.gpus_per_node
 
 
 def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
@@ -297,6 +360,7 @@ def run_demo(settings: Settings, cfg: DemoConfig) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="pulse-demo-") as tmp:
         workdir = Path(tmp)
         settings = dataclasses.replace(settings, spool_dir=workdir / "spool", data_dir=workdir / "data",
+                                       partitions=max(settings.partitions, cfg.workers),
                                        worker_id=f"{settings.worker_id}-demo-{os.getpid()}-{time.monotonic_ns() % 100000}")
         trace = Path(cfg.trace_dir) if cfg.trace_dir else workdir / "trace"
         if cfg.trace_dir is None:

@@ -41,7 +41,7 @@ _unwritable: set[Path] = set()
 def health_path(settings: Settings) -> Path:
     """Where the worker of ``settings`` writes its health (one file per consumer group and
     data directory: workers of one group on one host need their own PULSE_DATA_DIR)."""
-    return settings.data_dir / f"worker-{settings.worker_id}.health.json"
+    return settings.data_dir / f"worker-{settings.worker_name or settings.worker_id}.health.json"
 
 
 def write_health(path: Path, record: dict[str, Any]) -> bool:

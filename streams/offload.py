@@ -44,12 +44,12 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-Reply = tuple[Output, int, bool, int]
+Reply = tuple[Output, int, bool, int, int]
 
 
 def _reply(out: Output) -> Reply:
     assert _state is not None
-    return out, _state.held, _state.active, _state.backlog
+    return out, _state.held, _state.active, _state.backlog, _state.metrics
 
 
 def _handle(messages: list[Message], now: float | None) -> Reply:
@@ -65,6 +65,12 @@ def _tick(now: float | None) -> Reply:
 def _settle() -> Reply:
     assert _state is not None
     return _reply(_state.settle())
+
+
+def _adopt(partitions: set[int], count: int, messages: list[Message]) -> Reply:
+    assert _state is not None
+    _state.adopt(partitions, count, messages)
+    return _reply(Output())
 
 
 def _finish() -> Reply:
@@ -84,6 +90,7 @@ class LocalizeProcess:
         self.held = 0
         self.active = False
         self.backlog = 0
+        self.metrics = 0
 
     def start(self, timeout_s: float | None = None) -> None:
         """Spawn the child and wait until it imported localization (the first call does
@@ -97,7 +104,7 @@ class LocalizeProcess:
         return self._pool.submit(fn, *args)
 
     def _call(self, fn: Any, *args: Any) -> Output:
-        out, self.held, self.active, self.backlog = self._submit(fn, *args).result()
+        out, self.held, self.active, self.backlog, self.metrics = self._submit(fn, *args).result()
         return out
 
     def handle(self, messages: Iterable[Message], now: float | None = None) -> Output:
@@ -108,6 +115,9 @@ class LocalizeProcess:
 
     def settle(self) -> Output:
         return self._call(_settle)
+
+    def adopt(self, partitions: set[int], count: int, messages: list[Message]) -> None:
+        self._call(_adopt, partitions, count, messages)
 
     def finish(self) -> Output:
         return self._call(_finish)

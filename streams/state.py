@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import orjson
+from aiokafka.partitioner import murmur2
 from pulse.engine import Judged, Localizers, SegmentOutput, SegmentStage
 
 from pulse import events as _events
@@ -102,6 +103,11 @@ class Message:
     timestamp: int | None = None
 
 
+def partition_of(key: bytes, partitions: int) -> int:
+    """The default partitioner's partition of ``key`` (murmur2, as the producers use)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions
+
+
 def _by_size(items: list[Any], sizes_of: list[bytes]) -> list[list[Any]]:
     """``items`` cut, in order, into runs whose encoded sizes add up to at most PACK_BYTES."""
     parts: list[list[Any]] = []
@@ -181,6 +187,17 @@ class SegmentState:
     def finish(self) -> Output:
         return self._encode(self.stage.finish(), Output())
 
+    def adopt(self, partitions: set[int], count: int, messages: list[Message]) -> None:
+        """Rebuild the nodes of ``partitions`` (of ``count``) from ``messages`` (their
+        replay up to the committed offsets) in a fresh stage, outputs dropped, and take
+        them over in place of what this state held for them (see takeover.py)."""
+        fresh = SegmentState(self.topics, self.params, self.bounds)
+        for i in range(0, len(messages), 1024):
+            fresh.handle(messages[i:i + 1024])
+        stale = [n for n in self.stage.nodes if partition_of(n.encode(), count) in partitions]
+        self.stage.adopt(fresh.stage, stale)
+
+
     def _encode(self, res: SegmentOutput, out: Output) -> Output:
         for batch, exc in res.refused:
             self.dead += 1
@@ -236,6 +253,19 @@ class LocalizeState:
                 out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "localize"))
         out.extend(self.tick(now))
         return out
+
+    def adopt(self, partitions: set[int], count: int, messages: list[Message]) -> None:
+        """Rebuild the jobs of op-metrics ``partitions`` (of ``count``) from ``messages``
+        (their replay up to the committed offsets) in fresh stages, judged to the end of
+        the replay with the outputs dropped, and take them over in place of what this
+        state held for them (see takeover.py). Other jobs are not touched."""
+        st = self.stages
+        fresh = LocalizeState(self.params, hold_ns=st.hold_ns, idle_s=st.idle_s, budget_s=None)
+        for i in range(0, len(messages), 1024):
+            fresh.handle(messages[i:i + 1024])
+        fresh.settle()
+        stale = [j for j in st.jobs if partition_of(j.encode(), count) in partitions]
+        st.adopt(fresh.stages, stale)
 
     def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> Output:
         """Release what the aligners held long enough and judge it (call it periodically;

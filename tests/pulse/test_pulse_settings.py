@@ -28,7 +28,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "PULSE_BROKER": "k1:9092,k2:9093", "PULSE_TOPIC_PREFIX": "lab", "PULSE_PARTITIONS": "16",
         "PULSE_EPOCH_NS": "4_000", "PULSE_INFLUX_URL": "http://127.0.0.1:8086", "PULSE_INFLUX_ORG": "o",
         "PULSE_INFLUX_BUCKET": "b", "PULSE_INFLUX_TOKEN": SECRET, "PULSE_SPOOL_DIR": str(tmp_path / "spool"),
-        "PULSE_SPOOL_MAX_BYTES": "1024", "PULSE_WORKER_ID": "w7", "PULSE_DATA_DIR": str(tmp_path / "data"),
+        "PULSE_SPOOL_MAX_BYTES": "1024", "PULSE_WORKER_ID": "w7", "PULSE_WORKER_NAME": "w7-a", "PULSE_DATA_DIR": str(tmp_path / "data"),
         "PULSE_KAFKA_SECURITY_PROTOCOL": "sasl_ssl", "PULSE_KAFKA_SSL_CAFILE": "/ca.pem",
         "PULSE_KAFKA_SSL_CERTFILE": "/c.pem", "PULSE_KAFKA_SSL_KEYFILE": "/c.key", "PULSE_KAFKA_SASL_MECHANISM": "plain",
         "PULSE_KAFKA_SASL_USERNAME": "u", "PULSE_KAFKA_SASL_PASSWORD_FILE": str(tmp_path / "pw"),
@@ -55,6 +55,7 @@ def test_every_variable_is_read(tmp_path: Path) -> None:
         "http://127.0.0.1:8086", "o", "b", SECRET)
     assert (s.spool_dir, s.spool_max_bytes, s.worker_id, s.data_dir) == (
         tmp_path / "spool", 1024, "w7", tmp_path / "data")
+    assert s.worker_name == "w7-a"
     assert s.topics.verdicts == "lab.verdicts" and s.topics.op_metrics == "lab.op-metrics"
     # ENV_VARS lists exactly what from_env reads: this test sets all but the alternatives
     assert set(env) | {"PULSE_EPOCH_US", "PULSE_INFLUX_TOKEN_FILE"} == set(ENV_VARS)
