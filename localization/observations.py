@@ -47,6 +47,16 @@ ABSENT = "absent"    # never started an operator its peers are stuck in: compute
 MISSING = "missing"  # no record while its peers completed: insufficient-data
 RAIL = "rail"        # ended far later than the same operator on the node's other NICs
 
+ISSUE_LAG = "issue_lag_ns"
+"""Metric of a LATE finding judged against the rank's own history: value its issue lag,
+reference its baseline (late by value - reference); the other LATE findings are issue ->
+end spans against the peers' median (late by reference - value)."""
+
+
+def lateness(f: Finding) -> float:
+    """How late a LATE finding says its rank arrived (ns)."""
+    return f.value - f.peers if f.metric == ISSUE_LAG else f.peers - f.value
+
 
 def _round(x: float) -> float:
     return float(f"{x:.6g}") if np.isfinite(x) else -1.0
@@ -91,6 +101,10 @@ class Judgement:
     waits: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     judged: list[int] = dataclasses.field(default_factory=list)
     """Indices of records that were compared (clean ones count as health)."""
+    issue_lags: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """(record index, how much later than its peers' median it issued, clocks as read) of
+    a collective whose traffic is normal: judged against the rank's own history
+    (:class:`.evidence.LateBaselines`), which cancels its clock offset."""
 
 
 @dataclasses.dataclass
@@ -181,6 +195,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
             slow = any(lk.slow for lk in out.links)
         if not slow:
             out.findings += late.findings
+            out.issue_lags = late.issue_lags
     return out
 
 
@@ -254,6 +269,8 @@ def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:
     if np.isnan(th).any():
         return
     span = view.col("end_ns") - th  # issue -> end, on each rank's own clock
+    if view.kind not in P2P:
+        out.issue_lags = list(enumerate((th - leave_one_out_medians(th)).tolist()))
     for i in range(span.size):
         ref = median(np.delete(span, i))
         lag = ref - span[i]
