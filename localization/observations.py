@@ -272,16 +272,20 @@ def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:
     if np.isnan(th).any():
         return
     span = view.col("end_ns") - th  # issue -> end, on each rank's own clock
-    issue_lag = th - leave_one_out_medians(th)
+    # only a collective's ranks are meant to issue together (each waits for the last);
+    # the two sides of point-to-point sends issue when their own stage is ready
+    collective = view.kind not in P2P
+    issue_lag = th - leave_one_out_medians(th) if collective else np.zeros(span.size)
     for i in range(span.size):
         ref = median(np.delete(span, i))
         lag = ref - span[i]
         if lag >= p.late_min_ns and lag >= p.late_ratio * max(ref, 0.0):
             out.findings.append(_finding(view, i, LATE, "issue_to_end_ns", span[i], ref))
-        elif issue_lag[i] >= p.late_min_ns + p.clock_skew_ns and issue_lag[i] >= p.late_ratio * max(ref, 0.0):
+        elif collective and issue_lag[i] >= p.late_min_ns + p.clock_skew_ns \
+                and issue_lag[i] >= p.late_ratio * max(ref, 0.0):
             # A rank starved of CPU is slow at its own communication too: its end comes late
             # and its span grows by part of its lateness (lab, CPU quota). Its issue came
             # late all the same, by a lag read across clocks: one skew bound more.
             out.findings.append(_finding(view, i, LATE, ISSUE_LAG, issue_lag[i], 0.0))
-    if view.kind not in P2P:
+    if collective:
         out.issue_lags = list(enumerate(issue_lag.tolist()))
