@@ -180,9 +180,10 @@ class LocalizeParams:
     (``late_min_ns``) is the one that sees it."""
     late_spread_k: float = 6.0
     """...a rise counts as late when it exceeds this many robust sigmas (MAD x 1.4826) of
-    the job's healthy spread: how far the issue lags of the ranks of communicators of the
-    same shape (ranks, collective or all-to-all) strayed from their own baselines over the
-    baseline operators. With persistence (``late_frac`` of ``late_window`` in ``late_comm_frac`` of
+    the job's healthy spread, per communicator shape (ranks, collective or all-to-all): the
+    larger of how far its ranks' issue lags strayed from their own baselines over the
+    baseline operators, and of their recent rises (step-to-step drift, which a baseline of
+    two steps cannot show). With persistence (``late_frac`` of ``late_window`` in ``late_comm_frac`` of
     the node's communicators) a healthy rank would have to sit six sigmas out for most of
     four steps."""
     late_floor_epochs: float = 2.0
@@ -190,7 +191,7 @@ class LocalizeParams:
     compute-gap veto (:func:`.rules.late.late_explained`) cannot weigh a lateness below
     that, however quiet the job."""
     late_spread_size: int = 512
-    """Baseline deviations kept per communicator shape for the spread (the newest ranks')."""
+    """Baseline deviations, and recent rises, kept per communicator shape for the spread."""
     late_spread_min: int = 16
     """Baseline deviations of a shape needed before its spread is trusted: two ranks'
     baselines at the default ``late_base_ops``."""

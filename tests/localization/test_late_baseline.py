@@ -122,3 +122,11 @@ def test_a_late_finding_against_the_baseline_reads_as_late_by_its_rise():
     assert lateness(f) == MS
     g = Finding(LATE, "c0", 0, 0, "n", "n/mlx5_0", 4 * MS, 5 * MS, "issue_to_end_ns", 0, 0)
     assert lateness(g) == MS
+
+
+def test_the_incident_says_the_rank_issued_later_than_usual():
+    from pulse.localization.lifecycle import summary
+
+    v = next(v for v in job(late_node=3, offset_node=2) if v.status == "anomaly")
+    assert {f["metric"] for f in v.evidence["findings"]} == {ISSUE_LAG}
+    assert "issued its collectives 1.0 ms later than usual against its peers" in summary(v, 16)
