@@ -9,6 +9,8 @@ the job's topology and the end of each node's data.
 * :class:`LinkWindows` - per directed NIC-to-NIC link, its last observations (slow/clean).
 * :class:`Lateness` - per (node, communicator), late arrivals; point-to-point waits; the
   end of each rank's previous operator (its compute gap).
+* :class:`LateBaselines` - each rank's own baseline issue lag, and per communicator shape
+  the job's healthy spread around those baselines (the lateness threshold).
 * :class:`StopEvidence` - stalled records, absences, and the point-to-point receives each
   node posted (who waits for what).
 * :class:`RailEvidence` - per-NIC end times of the same operator (siblings) and the
@@ -29,7 +31,7 @@ from pulse.records import OpMetrics
 
 from .observations import Finding, LinkObs
 from .params import LocalizeParams
-from .robust import RollingRef
+from .robust import MAD_TO_SIGMA, RollingRef, mad, median
 from .topology import Topology
 
 Link = tuple[str, str]
@@ -123,6 +125,82 @@ class Lateness:
     def add_wait(self, node: str, w: float) -> None:
         self.waits[node].append(w)
         self.all_waits.append(w)
+
+
+class LateBaselines:
+    """Lateness against each rank's own history. A rank's issue lag (its issue minus its
+    peers' median issue, each on its node's clock) holds the offset between their clocks
+    and any lag its place in the job gives it: both constant, so its rise above the rank's
+    own baseline (the median of its first ``late_base_ops``) holds neither. Whether a rise
+    is late is judged against the job's own healthy spread, per communicator shape, taken
+    two ways, the larger counting: how far the ranks' issue lags strayed from their
+    baselines over those first operators (the period the baselines assume healthy: later,
+    one straggler of a small communicator moves its peers' issue lags too, through the
+    median they are measured against - lab, 4 ranks, one at a 5 % CPU quota: 25 ms before,
+    47 ms after), and the recent rises of every rank (a baseline spans a few steps, whose
+    buckets are late together, so it cannot show how far a healthy rank drifts from step
+    to step: the dense battery job's pipeline moves a stage's issue times by ~2 ms for
+    several steps)."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self._first: dict[tuple[str, int], list[float]] = {}
+        self.base: dict[tuple[str, int], float] = {}
+        """(comm, rank) -> its baseline issue lag (ns)."""
+        self.spread: dict[tuple[int, bool], deque[float]] = defaultdict(
+            lambda: deque(maxlen=p.late_spread_size))
+        """communicator shape -> its ranks' issue lags over their baseline operators, less
+        their baselines (the newest ``late_spread_size``)."""
+        self.rises: dict[tuple[int, bool], deque[float]] = defaultdict(
+            lambda: deque(maxlen=p.late_spread_size))
+        """communicator shape -> the newest rises of its ranks above their baselines."""
+
+    @staticmethod
+    def shape(r: OpMetrics) -> tuple[int, bool]:
+        """Communicators of one size and kind (collectives, or grouped all-to-all: expert
+        imbalance moves their issue times more) share a spread. Not per operator size: a
+        rank's baseline spans its communicator's operators (a data-parallel step issues
+        buckets of several sizes, and the baseline must be done within a few steps)."""
+        return (r.nranks, r.kind == GROUPED)
+
+    def threshold(self, shape: tuple[int, bool], epoch_ns: int) -> float | None:
+        """The rise that counts as late for communicators of ``shape``: ``late_spread_k``
+        robust sigmas of their healthy spread, at least ``late_floor_epochs`` epochs; None
+        until the spread is known."""
+        dev = self.spread.get(shape)
+        if dev is None or len(dev) < self.p.late_spread_min:
+            return None
+        sigma = MAD_TO_SIGMA * mad(np.fromiter(dev, np.float64, len(dev)))
+        rises = self.rises.get(shape)
+        if rises is not None and len(rises) >= self.p.late_spread_min:
+            sigma = max(sigma, MAD_TO_SIGMA * mad(np.fromiter(rises, np.float64, len(rises))))
+        return max(self.p.late_spread_k * sigma, self.p.late_floor_epochs * epoch_ns)
+
+    def judge(self, comm: str, ordered: list[OpMetrics],
+              lags: list[tuple[int, float]]) -> list[tuple[int, float, float]]:
+        """(record index, issue lag, baseline) of the ranks whose issue lag rose above their
+        baseline by more than the threshold (read before this operator's rises join the
+        spread); ranks still gathering their baseline add to it."""
+        if not lags:
+            return []
+        shape = self.shape(ordered[0])
+        th = self.threshold(shape, ordered[0].epoch_ns)
+        out: list[tuple[int, float, float]] = []
+        for i, lag in lags:
+            key = (comm, ordered[i].rank)
+            base = self.base.get(key)
+            if base is None:
+                first = self._first.setdefault(key, [])
+                first.append(lag)
+                if len(first) >= self.p.late_base_ops:
+                    self.base[key] = median(first)
+                    self.spread[shape].extend(x - self.base[key] for x in first)
+                    del self._first[key]
+                continue
+            self.rises[shape].append(lag - base)
+            if th is not None and lag - base >= th:
+                out.append((i, lag, base))
+        return out
 
 
 class StopEvidence:
@@ -233,6 +311,7 @@ class Evidence:
         self.refs = References(p)
         self.links = LinkWindows(p)
         self.late = Lateness(p)
+        self.late_base = LateBaselines(p)
         self.stops = StopEvidence()
         self.rail = RailEvidence(p, self.topo)
         self.alive = AlivePoints(p)

@@ -79,6 +79,10 @@ def _metric_sentence(v: Verdict) -> str:
         return f"its traffic stopped after {100 * val:.0f} % of an operator's bytes"
     if metric == "issue_to_end_ns":
         return f"it issued its collectives {_ms(ref - val)} after its peers"
+    if metric == "issue_lag_ns":
+        # reference: the rank's own usual lag (judged against its history) or 0 (its peers)
+        return (f"it issued its collectives {_ms(val - ref)} later than usual against its peers" if ref
+                else f"it issued its collectives {_ms(val)} after its peers")
     if metric == "end_after_other_nics_ns":
         return f"its operators on that NIC ended {_ms(val)} after the same operators on its other NICs"
     if metric == "started":

@@ -38,7 +38,7 @@ from pulse.records import OpMetrics, Verdict
 
 from .decisions import DecisionBook, Hypothesis, Key
 from .evidence import Evidence, node_of
-from .observations import ABSENT, LATE, MISSING, STALL, OpView, judge
+from .observations import ABSENT, ISSUE_LAG, LATE, MISSING, STALL, Finding, OpView, judge
 from .params import LocalizeParams
 from .rules import hypotheses
 from .rules.late import late_explained
@@ -189,7 +189,12 @@ class Localizer:
         for lk in j.links:
             ev.links.add(lk)
         # the lateness veto reads the previous operators' ends: ask it before recording these
-        late = {f.rank: f for f in j.findings if f.kind == LATE and not late_explained(ev, p, comm, seq, f, ordered)}
+        cands = {f.rank: f for f in j.findings if f.kind == LATE}
+        for i, lag, base in ev.late_base.judge(comm, ordered, j.issue_lags):
+            r = ordered[i]
+            cands.setdefault(r.rank, Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag, base,
+                                             ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i]))
+        late = {rk: f for rk, f in cands.items() if not late_explained(ev, p, comm, seq, f, ordered)}
         for r in ordered:
             ev.late.prev_end[(comm, r.rank)] = (seq, r.end_ns)
         if len(ordered) >= p.late_min_ranks and j.judged:

@@ -47,6 +47,17 @@ ABSENT = "absent"    # never started an operator its peers are stuck in: compute
 MISSING = "missing"  # no record while its peers completed: insufficient-data
 RAIL = "rail"        # ended far later than the same operator on the node's other NICs
 
+ISSUE_LAG = "issue_lag_ns"
+"""Metric of a LATE finding on the rank's issue lag (its issue minus its peers' median,
+clocks as read): value the lag, reference its own baseline (judged against its history)
+or 0 (against its peers, with the skew bound); late by value - reference. The other LATE
+findings are issue -> end spans against the peers' median (late by reference - value)."""
+
+
+def lateness(f: Finding) -> float:
+    """How late a LATE finding says its rank arrived (ns)."""
+    return f.value - f.peers if f.metric == ISSUE_LAG else f.peers - f.value
+
 
 def _round(x: float) -> float:
     return float(f"{x:.6g}") if np.isfinite(x) else -1.0
@@ -91,6 +102,10 @@ class Judgement:
     waits: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     judged: list[int] = dataclasses.field(default_factory=list)
     """Indices of records that were compared (clean ones count as health)."""
+    issue_lags: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """(record index, how much later than its peers' median it issued, clocks as read) of
+    a collective whose traffic is normal: judged against the rank's own history
+    (:class:`.evidence.LateBaselines`), which cancels its clock offset."""
 
 
 @dataclasses.dataclass
@@ -170,7 +185,9 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
     if n >= p.late_min_ranks:
         late = Judgement()
         _judge_late(view, p, late)
-        waited = [f for f in late.findings if f.peers - f.value >= p.late_override_ns]
+        # an issue lag is read across two clocks: one skew bound more
+        waited = [f for f in late.findings
+                  if lateness(f) >= p.late_override_ns + (p.clock_skew_ns if f.metric == ISSUE_LAG else 0)]
         if slow and waited and p.late_overrides_act:
             # A rank that arrived tens of ms late kept its peers waiting on it: a peer
             # sending into a receiver that does not drain (TCP window, no posted buffers)
@@ -181,6 +198,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
             slow = any(lk.slow for lk in out.links)
         if not slow:
             out.findings += late.findings
+            out.issue_lags = late.issue_lags
     return out
 
 
@@ -254,8 +272,20 @@ def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:
     if np.isnan(th).any():
         return
     span = view.col("end_ns") - th  # issue -> end, on each rank's own clock
+    # only a collective's ranks are meant to issue together (each waits for the last);
+    # the two sides of point-to-point sends issue when their own stage is ready
+    collective = view.kind not in P2P
+    issue_lag = th - leave_one_out_medians(th) if collective else np.zeros(span.size)
     for i in range(span.size):
         ref = median(np.delete(span, i))
         lag = ref - span[i]
         if lag >= p.late_min_ns and lag >= p.late_ratio * max(ref, 0.0):
             out.findings.append(_finding(view, i, LATE, "issue_to_end_ns", span[i], ref))
+        elif collective and issue_lag[i] >= p.late_min_ns + p.clock_skew_ns \
+                and issue_lag[i] >= p.late_ratio * max(ref, 0.0):
+            # A rank starved of CPU is slow at its own communication too: its end comes late
+            # and its span grows by part of its lateness (lab, CPU quota). Its issue came
+            # late all the same, by a lag read across clocks: one skew bound more.
+            out.findings.append(_finding(view, i, LATE, ISSUE_LAG, issue_lag[i], 0.0))
+    if collective:
+        out.issue_lags = list(enumerate(issue_lag.tolist()))

@@ -174,6 +174,31 @@ class LocalizeParams:
     Healthy compute jitter makes ranks arrive up to ~2 ms apart, sometimes for several
     steps; the mildest GPU slowdown (x1.2) delays its node by tens of ms per step. 5 ms
     is 50x the clock-offset bound, so no decision hangs on sub-offset timing."""
+    late_base_ops: int = 8
+    """Lateness against the rank's own history: a rank's *issue lag* (its issue time minus
+    its peers' median, clocks as read) over its first this many judged operators of a
+    communicator is its baseline - the offset of its clock from its peers' plus any lag its
+    place in the job gives it, both constant - and later operators are judged by how far
+    their issue lag rose above it, which no clock offset enters (``late_spread_k``). A
+    fault present from the first operators is in the baseline: the absolute rule
+    (``late_min_ns``) is the one that sees it."""
+    late_spread_k: float = 6.0
+    """...a rise counts as late when it exceeds this many robust sigmas (MAD x 1.4826) of
+    the job's healthy spread, per communicator shape (ranks, collective or all-to-all): the
+    larger of how far its ranks' issue lags strayed from their own baselines over the
+    baseline operators, and of their recent rises (step-to-step drift, which a baseline of
+    two steps cannot show). With persistence (``late_frac`` of ``late_window`` in ``late_comm_frac`` of
+    the node's communicators) a healthy rank would have to sit six sigmas out for most of
+    four steps."""
+    late_floor_epochs: float = 2.0
+    """...and at least this many epochs: a rank's end is known to an epoch, so the
+    compute-gap veto (:func:`.rules.late.late_explained`) cannot weigh a lateness below
+    that, however quiet the job."""
+    late_spread_size: int = 512
+    """Baseline deviations, and recent rises, kept per communicator shape for the spread."""
+    late_spread_min: int = 16
+    """Baseline deviations of a shape needed before its spread is trusted: two ranks'
+    baselines at the default ``late_base_ops``."""
     late_window: int = 16
     """Operators of one communicator over which a node's lateness is judged (four
     gradient buckets per step at the default size: four steps). Buckets of one step are
@@ -265,7 +290,8 @@ class LocalizeParams:
     def __post_init__(self) -> None:
         for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
                      "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
-                     "max_group", "rail_min_siblings", "rail_persist", "late_min_ranks"):
+                     "max_group", "rail_min_siblings", "rail_persist", "late_min_ranks", "late_base_ops",
+                     "late_spread_size", "late_spread_min"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
         if self.persist_ops > self.window_ops:
@@ -277,6 +303,8 @@ class LocalizeParams:
                               "rail_alive_min >= 1")
         if not 0 < self.persist_frac <= 1:
             raise ConfigError("LocalizeParams.persist_frac must be in (0, 1]")
+        if self.late_spread_k <= 0 or self.late_floor_epochs < 0:
+            raise ConfigError("LocalizeParams.late_spread_k must be > 0 and late_floor_epochs >= 0")
         if self.act_ratio <= 1.0:
             raise ConfigError("LocalizeParams.act_ratio must be > 1")
         if not 0 < self.rate_ratio < 1 or not 0 < self.stop_frac < 1:

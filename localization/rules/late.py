@@ -27,7 +27,7 @@ from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence
-from ..observations import Finding
+from ..observations import Finding, lateness
 from ..params import LocalizeParams
 from ..robust import median
 
@@ -42,6 +42,7 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
         return False
     prev_end = ev.late.prev_end
     gaps: dict[int, float] = {}
+    mixed = False
     for r in ordered:
         prev = prev_end.get((comm, r.rank))
         if prev is None or prev[0] != seq - 1 or r.t_host_ns is None:
@@ -49,19 +50,22 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
         done = prev[1]
         # A rank whose own sends ended early still waits for the last chunk from its ring
         # predecessor (the lab's CPU-starved rank keeps its successor waiting while its
-        # own predecessor's sends stall on a full receive window).
+        # own predecessor's sends stall on a full receive window). The predecessor's end is
+        # on its clock: only an end later than the rank's own by more than two clocks can
+        # differ says it came last; within that, the rank's own end (its clock) stands.
         for pr in ev.topo.ring_predecessors(comm, r.rank):
             pe = prev_end.get((comm, pr))
-            if pe is not None and pe[0] == seq - 1:
+            if pe is not None and pe[0] == seq - 1 and pe[1] - prev[1] > p.clock_skew_ns:
                 done = max(done, pe[1])
+                mixed = True
         gaps[r.rank] = float(r.t_host_ns - done)
     if f.rank not in gaps or len(gaps) < 2:
         return False
     others = median([g for rk, g in gaps.items() if rk != f.rank])
-    lag = f.peers - f.value  # how much later than its peers the rank issued
-    # each gap may end at a ring predecessor's end (its clock) and start at the rank's own
-    # issue: up to one skew bound off each, two between the rank's gap and the others'
-    return gaps[f.rank] - others < p.late_gap_frac * lag + 2 * p.clock_skew_ns
+    # each gap that ends at a ring predecessor's end (its clock) and starts at the rank's
+    # own issue may be one skew bound off, two between the rank's gap and the others';
+    # gaps measured on each rank's own clock need no margin
+    return gaps[f.rank] - others < p.late_gap_frac * lateness(f) + (2 * p.clock_skew_ns if mixed else 0)
 
 
 def waits_on(ev: Evidence, blamed: set[str]) -> set[str]:

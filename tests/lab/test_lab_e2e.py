@@ -71,14 +71,7 @@ def test_healthy_run_raises_no_alarm(results: dict[str, dict]) -> None:
     assert r["pulse"]["anomalies"] == [] and r["pulse"]["correct"]
 
 
-# The CPU-quota run is missed in about 2 of 5 full suites here (issue #24, docs/localization.md):
-# the throttled rank's own Gloo threads slow too, so its issue-to-end span grows and cancels
-# part of the lateness the rule measures. Kept visible as a known miss until the rule is fixed.
-CPU_MISS = pytest.mark.xfail(reason="known miss (#24): a CPU-quota rank's lateness is partly cancelled by its "
-                                    "own throttled communication threads", strict=False)
-
-
-@pytest.mark.parametrize("name", ["rate-200mbit", "rate-2gbit", "loss", pytest.param("cpu", marks=CPU_MISS)])
+@pytest.mark.parametrize("name", ["rate-200mbit", "rate-2gbit", "loss", "cpu"])
 def test_pulse_names_the_node_and_the_kind_family(results: dict[str, dict], name: str) -> None:
     r = results[name]
     assert r["pulse"]["correct"], r["pulse"]

@@ -129,11 +129,11 @@ def test_missing_data_gives_insufficient_data_never_blame():
     assert healthy and all("node-03" not in v.nodes for v in healthy)
 
 
-def _late(delay: int):
+def _late(delay: int, onset: int = ONSET):
     # node-02's GPU computes longer: it enters every operator late; its peers wait inside
     # the operator (longer durations), the operator ends together on every rank.
     def late(comm, seq, r, f):
-        if seq >= ONSET:
+        if seq >= onset:
             if r == 2:
                 f["start_ns"] += delay
                 f["t_host_ns"] += delay
@@ -150,8 +150,13 @@ def test_compute_slow_rank_idles_longer_before_its_operators():
     assert f["metric"] == "issue_to_end_ns" and f["value"] < f["reference"] - 7_000_000
 
 
-def test_lateness_below_the_clock_offset_bound_is_not_used():
-    assert not anomalies(run(_late(1_000_000)))
+def test_lateness_below_the_clock_offset_bound_counts_only_against_the_ranks_own_history():
+    # late by 1 ms (the default skew bound) from the first operator: against its peers it
+    # could be its clock, and it has no earlier self to differ from
+    assert not anomalies(run(_late(1_000_000, onset=0)))
+    # late by 1 ms from operator 10 on: its issue lag rose above its own baseline, which
+    # no constant clock offset can do
+    assert culprits(run(_late(1_000_000))) == {("compute-slow", "node", ("node-02",))}
 
 
 def test_tx_slow_nic_with_two_peers_is_the_node_not_a_path():

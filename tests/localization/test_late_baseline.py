@@ -1,0 +1,132 @@
+"""Lateness against each rank's own history (evidence.LateBaselines and the localizer):
+the threshold comes from the job's own spread of issue-lag rises, and a node's constant
+clock offset cancels against its own baseline."""
+
+from __future__ import annotations
+
+import numpy as np
+from pulse.localization import LocalizeParams, localize
+from pulse.localization.evidence import LateBaselines
+from pulse.localization.observations import ISSUE_LAG, LATE
+
+from . import synth
+
+MS = 1_000_000
+OPS = 60
+ONSET = 30
+
+
+def job(*, late_node: int | None = None, late_ns: int = MS, offset_node: int | None = None,
+        offset_ns: int = 4 * MS, jitter_ns: int = 20_000, seed: int = 0, **kw):
+    """Five nodes, two rails. ``offset_node``'s clock is ``offset_ns`` ahead (every time it
+    takes: issue, wire start and end). From operator ``ONSET`` on, ``late_node`` issues
+    ``late_ns`` late and its peers wait for it: every rank's end moves by that much, so its
+    issue -> end span stays as it was and the peers' grow (the absolute rule sees a lag of
+    ``late_ns``, below its 5 ms). The localizer is told clocks may be 5 ms apart."""
+    rng = np.random.default_rng(seed + 1)
+
+    def tweak(comm, seq, rank, f):
+        f = dict(f)
+        f["t_host_ns"] = f["start_ns"] - 100_000 + int(rng.integers(0, jitter_ns + 1))
+        if late_node is not None and seq >= ONSET:
+            f["duration_ns"] += late_ns
+            if rank == late_node:
+                f["t_host_ns"] += late_ns
+                f["start_ns"] += late_ns
+                f["duration_ns"] -= late_ns
+        if rank == offset_node:
+            f["t_host_ns"] += offset_ns
+            f["start_ns"] += offset_ns
+        return f
+
+    ms = synth.metrics(n=5, rails=2, ops=OPS, tweak=tweak, seed=seed)
+    kw.setdefault("clock_skew_ns", 5 * MS)  # the offsets drawn are within the stated bound
+    return localize(ms, synth.events(n=5, rails=2), LocalizeParams(**kw))
+
+
+def anomalies(verdicts) -> list[tuple[str, str]]:
+    return sorted({(v.kind, n) for v in verdicts if v.status == "anomaly" for n in v.nodes})
+
+
+def test_a_node_whose_clock_is_off_by_more_than_the_lateness_is_not_blamed():
+    # node-02 issues 4 ms "late" by its clock in every operator: its baseline, not lateness
+    assert anomalies(job(offset_node=2)) == []
+    assert anomalies(job(offset_node=2, offset_ns=-4 * MS)) == []
+
+
+def test_a_rank_whose_issue_lag_rises_above_its_own_history_is_compute_slow():
+    got = anomalies(job(late_node=3, offset_node=2))
+    assert got == [("compute-slow", synth.node(3))]
+    # the same 1 ms straggler, with node-03 itself 4 ms off: its offset cancels
+    assert anomalies(job(late_node=3, offset_node=3)) == [("compute-slow", synth.node(3))]
+
+
+def test_the_rise_that_counts_comes_from_the_jobs_own_spread():
+    # 1 ms against issue times that jitter by 2 ms: within the job's spread, nobody named
+    assert anomalies(job(late_node=3, jitter_ns=2 * MS)) == []
+    # a rise of 8 jitter-widths stands out of the same job
+    assert anomalies(job(late_node=3, late_ns=4 * MS, jitter_ns=MS // 2)) == [("compute-slow", synth.node(3))]
+
+
+def test_a_straggler_from_the_first_operator_is_its_own_baseline():
+    # no healthy history to rise above, and 1 ms is below the absolute rule's 5 ms
+    def tweak_onset(**kw):
+        global ONSET
+        old, ONSET = ONSET, 0
+        try:
+            return job(**kw)
+        finally:
+            ONSET = old
+    assert anomalies(tweak_onset(late_node=3)) == []
+
+
+def _lags(lb: LateBaselines, recs, lag_of) -> list[tuple[int, float, float]]:
+    return lb.judge("c0", recs, [(i, float(lag_of(i))) for i in range(len(recs))])
+
+
+def test_the_threshold_is_k_sigmas_of_the_jobs_spread_and_at_least_the_floor():
+    p = LocalizeParams(late_base_ops=8, late_spread_min=16, late_spread_k=6.0, late_floor_epochs=2.0)
+    lb = LateBaselines(p)
+    shape = (4, False)  # four-rank collectives
+    recs = [synth.record("c0", 0, r, r, kind="AllReduce", nranks=4, start=0, end=MS, t_host=0, nic="mlx5_0")
+            for r in range(4)]
+    rng = np.random.default_rng(3)
+    for _ in range(7):  # rank r's issue lag is r ms (its clock offset), jittering by ~50 us
+        assert _lags(lb, recs, lambda i: i * MS + rng.normal(0, 50_000)) == []
+    assert lb.threshold(shape, synth.EPOCH) is None  # no baseline yet: no spread
+    _lags(lb, recs, lambda i: i * MS + rng.normal(0, 50_000))
+    assert sorted(round(b / MS) for b in lb.base.values()) == [0, 1, 2, 3]
+    th = lb.threshold(shape, synth.EPOCH)
+    # six sigmas of ~50 us (well above the 64 us floor), whatever the offsets
+    assert th is not None and 100_000 < th < 800_000
+    # rank 2 rises by 1 ms above its own 2 ms: late; rank 3 at its usual 3 ms is not
+    got = _lags(lb, recs, lambda i: i * MS + (MS if i == 2 else 0))
+    assert [(i, round(b / MS)) for i, _, b in got] == [(2, 2)]
+    # healthy ranks drifting from step to step by more than the baseline showed widen it
+    for _ in range(40):
+        _lags(lb, recs, lambda i: i * MS + rng.normal(0, 500_000))
+    assert lb.threshold(shape, synth.EPOCH) > 5 * th
+    # and the spread of the baseline operators stays its lower bound
+    lb.rises[shape].clear()
+    lb.rises[shape].extend([0.0] * 64)
+    assert lb.threshold(shape, synth.EPOCH) == th
+    quiet = LateBaselines(LocalizeParams(late_base_ops=4, late_spread_min=4))
+    for _ in range(4):
+        _lags(quiet, recs, lambda i: 0.0)
+    assert quiet.threshold(shape, synth.EPOCH) == 2 * synth.EPOCH  # MAD 0: the floor
+
+
+def test_a_late_finding_against_the_baseline_reads_as_late_by_its_rise():
+    from pulse.localization.observations import Finding, lateness
+    f = Finding(LATE, "c0", 0, 0, "n", "n/mlx5_0", 5 * MS, 4 * MS, ISSUE_LAG, 0, 0)
+    assert lateness(f) == MS
+    g = Finding(LATE, "c0", 0, 0, "n", "n/mlx5_0", 4 * MS, 5 * MS, "issue_to_end_ns", 0, 0)
+    assert lateness(g) == MS
+
+
+def test_the_incident_says_the_rank_issued_later_than_usual():
+    from pulse.localization.lifecycle import summary
+
+    v = next(v for v in job(late_node=3, offset_node=2) if v.status == "anomaly")
+    assert {f["metric"] for f in v.evidence["findings"]} == {ISSUE_LAG}
+    assert "issued its collectives 1.0 ms later than usual against its peers" in summary(v, 16)
