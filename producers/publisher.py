@@ -154,9 +154,11 @@ class Publisher:
         await self._send_coalesced()
         while True:
             if self._inflight:
+                # The oldest first (the settle loop confirms in order); bounded, so a future
+                # that never resolves shows as a slow flush, not a loop spinning on a done one.
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._inflight[-1][3])
-                await asyncio.sleep(0)
+                    await asyncio.wait_for(asyncio.shield(self._inflight[0][3]), 1.0)
+                await asyncio.sleep(0.001)
                 continue
             if self._up and self.spool.empty and not self._inflight:
                 return
@@ -265,19 +267,25 @@ class Publisher:
             self.spool.append(topic, key, value)
             self._wake.set()
             return
+        producer = self._producer
         try:
             # asyncio.timeout, not wait_for: no task per message (wait_for made one, and that
             # was most of the publisher's cost per message).
             async with asyncio.timeout(self.send_timeout_s):
-                fut = await self._producer.send(topic, value, key=key)
+                fut = await producer.send(topic, value, key=key)
         except Exception as exc:  # broker gone, metadata timeout, buffer full for too long
-            self._down(exc)
+            if self._producer is producer:
+                self._down(exc)
             self.spool.append(topic, key, value)
             return
-        if not self._up:
+        if not self._up or self._producer is not producer:
             # The broker went down while aiokafka took it (the watchdog stopped the sender,
-            # so this future would never resolve): it goes to the spool like the rest.
+            # so this future would never resolve): it goes to the spool like the rest. Also
+            # when the outage was over before the send returned: the producer that took it
+            # was replaced, and its future would hold up every flush for ever (the soak
+            # found this after a broker restart).
             self.spool.append(topic, key, value)
+            self._wake.set()
             return
         self.sent += 1
         self.bytes_sent += len(value)

@@ -1,0 +1,49 @@
+"""A send that was still being taken by the old producer when an outage began and ended
+(found by the chaos soak, issue 20): the publisher must spool it, not keep a future that
+no sender will ever resolve, which held up every later flush for ever."""
+
+from __future__ import annotations
+
+import asyncio
+
+from pulse.producers.publisher import Publisher
+from test_publisher import _batch, _consume_all
+
+from pulse.samples import decode
+from pulse.settings import Settings
+
+
+def test_a_send_outliving_an_outage_is_spooled_and_delivered(broker, tmp_path):
+    s = Settings(broker=broker, topic_prefix="pub-race", partitions=2, spool_dir=tmp_path / "spool")
+
+    async def go():
+        async with Publisher(s, compression="none") as pub:
+            await pub.publish_batch(_batch(0))
+            await pub.flush()
+            old = pub._producer
+            entered, release = asyncio.Event(), asyncio.Event()
+            stranded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def send_across_the_outage(*args, **kwargs):
+                # aiokafka took the message (waiting for metadata or buffer room) when the
+                # broker vanished; what it hands back belongs to a sender that was stopped.
+                entered.set()
+                await release.wait()
+                return stranded
+
+            old.send = send_across_the_outage
+            task = asyncio.create_task(pub.publish_batch(_batch(1)))
+            await entered.wait()
+            pub._down(ConnectionError("the broker went away"))  # what the watchdog does
+            while not (pub._up and pub._producer is not None and pub._producer is not old):
+                await asyncio.sleep(0.01)  # reconnected on a new producer
+            release.set()
+            await task
+            await asyncio.wait_for(pub.flush(), 60)  # before the fix: never (a stranded future)
+            stats = pub.stats
+        return stats, await _consume_all(broker, s.topics.samples, 2)
+
+    stats, got = asyncio.run(go())
+    assert stats["inflight"] == 0 and stats["spooled"] >= 1
+    assert {(decode(v).node, decode(v).batch_seq) for _, _, v in got} >= {
+        (b.node, b.batch_seq) for b in map(_batch, range(2))}
