@@ -86,6 +86,9 @@ class Publisher:
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Resolved (and replaced) by every outage: the settle loop waits on it beside the
+        # oldest message, whose future an outage may leave unresolved for ever.
+        self._outage: asyncio.Future[None] | None = None
         self._closing = False
         self.sent = 0
         self.confirmed = 0
@@ -110,6 +113,7 @@ class Publisher:
         password) is a :class:`ConfigError` naming the setting, raised here before anything is
         taken; a broker that is only down is not (messages spool until it is back)."""
         await check_kafka(self.settings, self.bootstrap, timeout_s=max(self.send_timeout_s, 1.0))
+        self._outage = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.create_task(self._settle_loop(), name="pulse-settle"),
                        asyncio.create_task(self._reconnect_loop(), name="pulse-reconnect"),
                        asyncio.create_task(self._watchdog(), name="pulse-watchdog")]
@@ -308,6 +312,9 @@ class Publisher:
         # and drops them: stop its sender now; unconfirmed messages go to the spool.
         self._stop_sender()
         self._spool_inflight()
+        if self._outage is not None and not self._outage.done():
+            self._outage.set_result(None)
+            self._outage = asyncio.get_running_loop().create_future()
         self._wake.set()
 
     def _stop_sender(self) -> None:
@@ -384,12 +391,20 @@ class Publisher:
                 await self._wake.wait()
                 continue
             fut = self._inflight[0][3]
-            try:
-                await asyncio.shield(fut)
-            except Exception as exc:
-                self._down(exc)
+            if not fut.done():
+                # Not the bare future: an outage spools it and stops the sender that would
+                # resolve it, and this loop then waited for ever while every later message
+                # piled up in flight (a flush never returned; found by the soak).
+                waits: tuple[asyncio.Future[Any], ...] = (fut,) if self._outage is None else (fut, self._outage)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if not fut.done():
+                    continue  # spooled by the outage: look at what is in flight now
+            mine = bool(self._inflight) and self._inflight[0][3] is fut
+            if fut.cancelled() or fut.exception() is not None:
+                if mine:  # a late failure of a message already spooled changes nothing
+                    self._down(fut.exception() or ConnectionError("send cancelled"))
                 continue
-            if self._inflight and self._inflight[0][3] is fut:
+            if mine:
                 self._inflight.popleft()
                 self.confirmed += 1
 

@@ -9,7 +9,7 @@ import asyncio
 from pulse.producers.publisher import Publisher
 from test_publisher import _batch, _consume_all
 
-from pulse.samples import decode
+from pulse.samples import decode, encode
 from pulse.settings import Settings
 
 
@@ -47,3 +47,31 @@ def test_a_send_outliving_an_outage_is_spooled_and_delivered(broker, tmp_path):
     assert stats["inflight"] == 0 and stats["spooled"] >= 1
     assert {(decode(v).node, decode(v).batch_seq) for _, _, v in got} >= {
         (b.node, b.batch_seq) for b in map(_batch, range(2))}
+
+
+def test_a_message_stranded_by_an_outage_does_not_stall_confirmations(broker, tmp_path):
+    """The message in flight when the broker went away is spooled, and the sender that would
+    have resolved its future is stopped: the loop confirming messages in order waited on
+    that future for ever, so nothing sent after the reconnect was ever confirmed."""
+    s = Settings(broker=broker, topic_prefix="pub-stranded", partitions=2, spool_dir=tmp_path / "spool")
+
+    async def go():
+        async with Publisher(s, compression="none") as pub:
+            stranded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            b0 = _batch(0)
+            pub._inflight.append((s.topics.samples, b0.node.encode(), encode(b0), stranded))
+            pub._wake.set()  # the confirming loop now waits on it
+            await asyncio.sleep(0.1)
+            pub._down(ConnectionError("the broker went away"))  # what the watchdog does
+            while not pub._up:
+                await asyncio.sleep(0.01)  # reconnected: what follows goes in flight again
+            for i in range(1, 6):
+                await pub.publish_batch(_batch(i))
+            await asyncio.wait_for(pub.flush(), 60)  # before the fix: never
+            stats = pub.stats
+        return stats, await _consume_all(broker, s.topics.samples, 6)
+
+    stats, got = asyncio.run(go())
+    assert stats["inflight"] == 0 and stats["delivered_from_spool"] >= 1
+    assert {(decode(v).node, decode(v).batch_seq) for _, _, v in got} == {
+        (b.node, b.batch_seq) for b in map(_batch, range(6))}
