@@ -13,6 +13,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "pcap": ("pulse.nic.bench:bench_pcap", "pcap read+decode+bin packets/s vs tcpdump -r."),
     "agent": ("pulse.producers.agent_bench:bench_agent", "Node agent CPU per 100k packets/s and 10k hook events/s."),
     "pipeline": ("pulse.streams.bench:bench_pipeline", "Producer->broker->segment agent vs raw aiokafka; demo latency."),
+    "soak": ("pulse.streams.soak_cli:bench_soak", "The pipeline for minutes under faults: every message accounted for."),
 }
 
 

@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -126,6 +127,7 @@ class Pipeline:
         self.lag_ms: dict[str, float] = {}
         self.verdicts_sent = 0
         self.dead_sent = 0
+        self.messages_in = 0  # input messages taken live (not the rebuild): the soak counts duplicates
         self.started_ns = time.time_ns()
         self.input_done_at_ns = 0
         self.seeded: set[str] = set()
@@ -172,6 +174,7 @@ class Pipeline:
             self.seeded.add("segment")
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
                 msgs = [self._message(ev) for ev in chunk]
+                self.messages_in += len(msgs)
                 out = await self._run(self._seg_pool, self.segment_state.handle, msgs)
                 self.input_done_at_ns = time.time_ns()
                 self._note_lag("segment", chunk)
@@ -403,6 +406,7 @@ class Pipeline:
             assigned = len((app or self.app).consumer.assignment())
         rec: dict[str, Any] = {
             "type": "pipeline", "v": 1, "worker": self.settings.worker_id, "at_ns": time.time_ns(),
+            "pid": os.getpid(), "messages_in": self.messages_in,
             "assigned": assigned, "batches": seg["batches"], "rows": seg["rows"], "events": seg["events"],
             "op_metrics": seg["op_metrics"], "verdicts": self.verdicts_sent, "dead_letters": self.dead_sent,
             "lost_batches": seg["lost_batches"], "drops": seg["late_batches"] + seg["lost_batches"],

@@ -1,0 +1,153 @@
+"""The soak's accounting: every topic read back from the (persistent) broker at the end and
+set against what the producer sent, what the workers say they processed, and the jobs'
+ground truth (docs/reliability.md says what each figure means)."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import urllib.parse
+import urllib.request
+from typing import Any
+
+import orjson
+
+from pulse.records import decode_verdict, kind_family
+
+from .influx import verdict_line
+
+
+def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any]]) -> dict[str, Any]:
+    """Expected: one incident per replay of a faulty job. Right: an incident of that job on a
+    culprit node in the right kind family. Wrong: an incident naming no culprit (or on a
+    healthy job). Duplicate: a second incident id for the same fault of the same job (what
+    a reprocessed message must never cause)."""
+    by_job: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+    for inc in incidents:
+        by_job[str(inc.get("job"))].setdefault(str(inc.get("id")), inc)
+    expected = right = wrong = duplicate = 0
+    missed: list[str] = []
+    wrong_ids: list[dict[str, Any]] = []
+    for rep in replays:
+        incs = list(by_job.get(rep["job"], {}).values())
+        culprits = set(rep.get("culprits") or [])
+        hits = [i for i in incs if culprits & set(i.get("nodes") or [])
+                and kind_family(i.get("kind")) == kind_family(rep.get("kind"))]
+        bad = [i for i in incs if not culprits & set(i.get("nodes") or [])]
+        if rep.get("kind"):
+            expected += 1
+            if hits:
+                right += 1
+            elif rep.get("complete", True):
+                missed.append(rep["job"])
+            duplicate += max(0, len(hits) - 1)
+        wrong += len(bad)
+        wrong_ids += [{"job": rep["job"], "id": i.get("id"), "kind": i.get("kind"), "nodes": i.get("nodes")}
+                      for i in bad]
+    return {"incidents_expected": expected, "incidents_right": right, "incidents_wrong": wrong,
+            "incidents_duplicate": duplicate, "incidents_missed": missed, "incidents_wrong_detail": wrong_ids[:20]}
+
+
+def _victoria_verdict_points(url: str) -> set[tuple[str, int]] | None:
+    q = urllib.parse.urlencode({"match[]": '{__name__="pulse_verdict_confidence"}'})
+    try:
+        with urllib.request.urlopen(f"{url}/api/v1/export?{q}", timeout=30) as r:
+            lines = r.read().splitlines()
+    except OSError:
+        return None
+    points = set()
+    for ln in lines:
+        s = orjson.loads(ln)
+        tags = ",".join(f"{k}={v}" for k, v in sorted(s["metric"].items()) if k != "__name__")
+        points |= {(tags, int(ts)) for ts in s["timestamps"]}
+    return points
+
+
+def _expected_points(verdicts: list[Any]) -> set[tuple[str, int]]:
+    """The (tag set, ms timestamp) each verdict becomes (VictoriaMetrics keeps ms)."""
+    out = set()
+    for v in verdicts:
+        head, _, rest = verdict_line(v).partition(" ")
+        ts_ns = int(rest.rsplit(" ", 1)[1])
+        tags = ",".join(sorted(head.split(",")[1:]))
+        out.add((tags, ts_ns // 1_000_000))
+    return out
+
+
+def account(soak: Any, streamed_s: float) -> dict[str, Any]:
+    s = soak.settings
+    t = s.topics
+    inputs = (t.samples, t.hook_events)
+    pub = soak.publisher_stats
+    produced = int(pub.get("batches_out", 0)) + int(pub.get("event_messages", 0))
+    dropped = int(pub.get("dropped", 0))
+    # Producer -> broker: every message the producer made reached a broker (the observer
+    # saw it), or was dropped by a full spool (counted). What the spool re-sent after a
+    # failure may arrive twice: distinct digests.
+    lost_before_broker = max(0, produced - dropped - len(soak.seen_input))
+    # Broker -> group: per broker incarnation, what the broker held past the group's
+    # committed offsets when it died (a memory broker loses it: it was confirmed to the
+    # producer, so nobody sends it again) or, for the last one, at the end.
+    consumed = unconsumed = lost_in_restarts = 0
+    for epoch, ends in soak.ends.items():
+        committed = soak.committed.get(epoch, {})
+        for tp, end in ends.items():
+            if tp[0] not in inputs:
+                continue
+            done = min(committed.get(tp, 0), end)
+            consumed += done
+            if epoch == soak.epoch:
+                unconsumed += end - done
+            else:
+                lost_in_restarts += end - done
+    latest = soak.latest_by_pid()
+    # What each worker process took live (its last record; a SIGKILLed one's last record
+    # is at most 0.5 s old, so `duplicates` is a lower bound).
+    processed = sum(int(r.get("messages_in", 0)) for r in latest.values())
+    lost_batches = sum(int(r.get("lost_batches", 0)) for r in latest.values())
+    dead = soak.records.get(t.dead_letter, [])
+    reasons = collections.Counter(f"{d.get('stage')}: {str(d.get('error')).split(': ', 1)[-1][:50]}" for d in dead)
+    poison_dead = sum(1 for d in dead if d.get("key") == "poison")
+    incidents = [i for i in soak.records.get(t.incidents, []) if i.get("type") == "incident" or "state" in i]
+    verdicts = []
+    for v in soak.records.get(t.verdicts, []):
+        with contextlib.suppress(Exception):
+            verdicts.append(decode_verdict(orjson.dumps(v)))
+    for rep in soak.replays:
+        rep["complete"] = "ended_s" in rep
+    scores = score_incidents(soak.replays, incidents)
+    expected_points = _expected_points(verdicts)
+    got_points = _victoria_verdict_points(soak.vm.url) if soak.vm is not None else None
+    mark_s = 120.0 if streamed_s >= 240.0 else streamed_s / 2
+    procs = soak.sampler.summary(mark_s)
+    faults = collections.Counter(f["kind"] for f in soak.faults)
+    lost = lost_before_broker + lost_in_restarts + unconsumed
+    return {
+        "type": "soak", "minutes": soak.cfg.minutes, "seed": soak.cfg.seed, "streamed_s": round(streamed_s, 1),
+        "workers": soak.cfg.workers, "storage": soak.cfg.storage,
+        "produced": produced, "produced_detail": {
+            "batches_in": pub.get("batches_in"), "batch_messages": pub.get("batches_out"),
+            "hook_events": pub.get("events_in"), "event_messages": pub.get("event_messages"),
+            "spooled": pub.get("spooled"), "delivered_from_spool": pub.get("delivered_from_spool"),
+            "outages": pub.get("outages"), "replays": len(soak.replays)},
+        "broker_messages": soak.seen_input_messages, "broker_distinct": len(soak.seen_input),
+        "broker_duplicates": soak.seen_input_messages - len(soak.seen_input),
+        "consumed": consumed, "unconsumed": unconsumed,
+        "processed": processed, "duplicates": max(0, processed - consumed),
+        "dead_lettered": len(dead), "dead_letter_reasons": dict(reasons),
+        "poison_sent": sum(soak.poison.values()), "poison_seen": sum(soak.seen_poison.values()),
+        "poison_dead_lettered": poison_dead,
+        "dropped": dropped, "lost": lost, "lost_before_broker": lost_before_broker,
+        "lost_in_broker_restarts": lost_in_restarts, "segmenter_lost_batches": lost_batches,
+        "verdicts": len(verdicts), "incidents": len({i.get("id") for i in incidents}), **scores,
+        "influx_written": sum(int(r.get("influx_written", 0)) for r in latest.values()),
+        "influx_dropped": sum(int(r.get("influx_dropped", 0)) for r in latest.values()),
+        "influx_verdict_points_expected": len(expected_points),
+        "influx_verdict_points_read": None if got_points is None else len(got_points & expected_points),
+        "rss_mb_start": {k: v["rss_mb_start"] for k, v in procs.items()},
+        "rss_mb_mark": {k: v["rss_mb_mark"] for k, v in procs.items()}, "rss_mark_s": round(mark_s, 1),
+        "rss_mb_end": {k: v["rss_mb_end"] for k, v in procs.items()},
+        "processes": procs,
+        "faults_injected": dict(faults), "fault_log": soak.faults, "replays": soak.replays,
+        "worker_processes": len(latest), "broker_incarnations": soak.epoch + 1,
+    }

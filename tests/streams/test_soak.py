@@ -1,0 +1,66 @@
+"""The chaos soak at CI size (issue 20): one minute of live jobs through the embedded broker
+(memory storage: what a restart loses is counted, docs/reliability.md), two workers and
+VictoriaMetrics, with a broker kill and restart, a worker SIGKILL and restart, an InfluxDB
+outage, poison messages and a producer burst, all on a fixed seed. Nothing here waits on the clock: the
+run ends when the group committed every input message and the workers are idle, and the
+assertions are on the accounting, never on how long anything took."""
+
+from __future__ import annotations
+
+import pytest
+import services
+
+from pulse.settings import Settings
+
+pytestmark = pytest.mark.timeout(1500)
+
+
+@pytest.fixture(scope="module")
+def soak(tmp_path_factory):
+    if services.find_binary(services.VICTORIA) is None:
+        pytest.skip("victoria-metrics is not installed (apt-get install victoria-metrics)")
+    from pulse.streams.soak import SoakConfig, run_soak
+
+    workdir = tmp_path_factory.mktemp("soak")
+    return run_soak(Settings.from_env({}), SoakConfig(minutes=1.0, seed=1, echo=True), workdir)
+
+
+def test_every_fault_kind_was_injected(soak):
+    assert set(soak["faults_injected"]) == {"broker-restart", "worker-kill", "influx-outage", "poison"}
+    assert soak["produced_detail"]["outages"] >= 1  # the producer saw the broker go away
+    assert any(r["speed"] > 1 for r in soak["replays"])  # and streamed a burst
+
+
+def test_the_spool_loses_nothing_and_only_the_memory_broker_does(soak):
+    # Everything the producer made reached a broker (the spool re-sent what was
+    # unconfirmed), and everything a broker held at the end was consumed; the only loss is
+    # what the memory broker held past the group's commit when it was killed, counted.
+    assert soak["lost_before_broker"] == 0 and soak["dropped"] == 0 and soak["unconsumed"] == 0
+    assert soak["broker_distinct"] == soak["produced"]
+    assert soak["produced_detail"]["spooled"] >= 1
+    assert soak["produced_detail"]["delivered_from_spool"] == soak["produced_detail"]["spooled"]
+    assert soak["lost"] == soak["lost_in_broker_restarts"]
+
+
+def test_every_poison_message_is_one_dead_letter(soak):
+    assert soak["poison_sent"] == 4
+    assert soak["poison_dead_lettered"] == soak["poison_sent"] == soak["dead_lettered"]
+
+
+def test_no_wrong_or_second_incident(soak):
+    assert soak["incidents_expected"] >= 2
+    # The first faulty replay streams before any fault: it is always diagnosed (later ones
+    # may be missed after a memory broker restart or a rebalance, docs/reliability.md).
+    assert "soak-0" not in soak["incidents_missed"] and soak["incidents_right"] >= 1
+    assert soak["incidents_wrong"] == 0, soak["incidents_wrong_detail"]
+    assert soak["incidents_duplicate"] == 0
+
+
+def test_verdicts_reach_influx_through_its_outage(soak):
+    assert soak["influx_verdict_points_expected"] > 0
+    assert soak["influx_verdict_points_read"] == soak["influx_verdict_points_expected"]
+
+
+def test_every_process_was_sampled(soak):
+    for name in ("broker", "victoria", "worker-0", "worker-1", "worker-0-localize", "soak"):
+        assert soak["processes"][name]["samples"] >= 2, name
