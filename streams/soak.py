@@ -132,6 +132,7 @@ class Soak:
         self.seen_input: set[bytes] = set()
         self.seen_input_messages = 0
         self.seen_poison: collections.Counter[str] = collections.Counter()
+        self.poison_at: list[tuple[int, str, int, int]] = []  # (broker incarnation, topic, partition, offset)
         self.records: dict[str, list[dict[str, Any]]] = {}
         # The group's committed offsets at the end of each broker incarnation.
         self.committed: dict[int, dict[tuple[str, int], int]] = {}
@@ -229,6 +230,7 @@ class Soak:
         if topic in (t.samples, t.hook_events):
             if key == b"poison":
                 self.seen_poison[topic] += 1
+                self.poison_at.append((epoch, topic, partition, offset))
             else:
                 self.seen_input.add(hashlib.blake2b((key or b"") + b"\0" + (value or b""), digest_size=16).digest())
                 self.seen_input_messages += 1

@@ -84,7 +84,7 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
     # Producer -> broker: every message the producer made reached a broker (the observer
     # saw it), or was dropped by a full spool (counted). What the spool re-sent after a
     # failure may arrive twice: distinct digests.
-    lost_before_broker = max(0, produced - dropped - len(soak.seen_input))
+    unseen = max(0, produced - dropped - len(soak.seen_input))
     # Broker -> group: per broker incarnation, what the broker held past the group's
     # committed offsets when it died (a memory broker loses it: it was confirmed to the
     # producer, so nobody sends it again) or, for the last one, at the end.
@@ -100,6 +100,15 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
                 unconsumed += end - done
             else:
                 lost_in_restarts += end - done
+    # Messages nobody (not even the observer, ~0.1 s behind) read: with a memory broker,
+    # what it confirmed in its last moments (lost with it); otherwise lost before a broker.
+    memory = soak.cfg.storage != "s3"
+    if memory:
+        lost_in_restarts += unseen
+    lost_before_broker = 0 if memory else unseen
+    # Poison past the group's commit on a broker that was then killed never reached a worker.
+    poison_lost = sum(1 for epoch, topic, part, off in soak.poison_at
+                      if epoch != soak.epoch and off >= soak.committed.get(epoch, {}).get((topic, part), 0))
     latest = soak.latest_by_pid()
     # What each worker process took live (its last record; a SIGKILLed one's last record
     # is at most 0.5 s old, so `duplicates` is a lower bound).
@@ -136,9 +145,10 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
         "processed": processed, "duplicates": max(0, processed - consumed),
         "dead_lettered": len(dead), "dead_letter_reasons": dict(reasons),
         "poison_sent": sum(soak.poison.values()), "poison_seen": sum(soak.seen_poison.values()),
-        "poison_dead_lettered": poison_dead,
+        "poison_dead_lettered": poison_dead, "poison_lost_in_broker_restarts": poison_lost,
         "dropped": dropped, "lost": lost, "lost_before_broker": lost_before_broker,
-        "lost_in_broker_restarts": lost_in_restarts, "segmenter_lost_batches": lost_batches,
+        "lost_in_broker_restarts": lost_in_restarts, "unseen_by_observer": unseen,
+        "segmenter_lost_batches": lost_batches,
         "verdicts": len(verdicts), "incidents": len({i.get("id") for i in incidents}), **scores,
         "influx_written": sum(int(r.get("influx_written", 0)) for r in latest.values()),
         "influx_dropped": sum(int(r.get("influx_dropped", 0)) for r in latest.values()),

@@ -217,5 +217,16 @@ class Sampler:
             mark = self.at(name, mark_s) or s[0]
             out[name] = {"rss_mb_start": s[0][2], "rss_mb_mark": mark[2], "rss_mb_end": s[-1][2],
                          "rss_mb_peak": max(x[2] for x in s), "fds_start": s[0][3], "fds_end": s[-1][3],
-                         "fds_peak": max(x[3] for x in s), "pids": len({x[1] for x in s}), "samples": len(s)}
+                         "fds_peak": max(x[3] for x in s), "pids": len({x[1] for x in s}), "samples": len(s),
+                         "per_pid": self._per_pid(s)}
         return out
+
+    @staticmethod
+    def _per_pid(s: list[tuple[float, int, float, int]]) -> list[dict[str, Any]]:
+        """Each incarnation's first and last sample (a restarted process starts afresh:
+        growth is read within one pid)."""
+        out: dict[int, dict[str, Any]] = {}
+        for t, pid, rss, fds in s:
+            d = out.setdefault(pid, {"pid": pid, "from_s": t, "rss_mb_first": rss, "fds_first": fds})
+            d.update(to_s=t, rss_mb_last=rss, fds_last=fds, rss_mb_peak=max(d.get("rss_mb_peak", 0.0), rss))
+        return list(out.values())
