@@ -42,6 +42,10 @@ UNCLEAN_SEQ_MARGIN = 64
 # Bounds of a packed hook-events message (a node's events of one coalescing window).
 PACK_EVENTS = 4096
 PACK_BYTES = 256 << 10
+# Spooled messages sent per confirmation wait when draining. A whole 4 MiB segment (thousands
+# of messages) had to be confirmed within one timeout: on a loaded machine it never was,
+# the segment was sent again from its start, and the spool grew for ever (the soak).
+DRAIN_CHUNK = 256
 
 
 class Publisher:
@@ -89,6 +93,7 @@ class Publisher:
         # Resolved (and replaced) by every outage: the settle loop waits on it beside the
         # oldest message, whose future an outage may leave unresolved for ever.
         self._outage: asyncio.Future[None] | None = None
+        self._drain_pos: tuple[Path, int] | None = None  # (segment, messages confirmed) mid-drain
         self._closing = False
         self.sent = 0
         self.confirmed = 0
@@ -452,22 +457,29 @@ class Publisher:
         self._producer = producer
 
     async def _drain(self) -> None:
-        """Send the spool oldest segment first; each segment is deleted once confirmed."""
+        """Send the spool oldest segment first, in chunks; each segment is deleted once
+        every message in it is confirmed. A failure mid-segment resumes after the last
+        confirmed chunk (what a timed-out chunk had sent may arrive twice: at-least-once)."""
         while True:
             head = self.spool.oldest()
             if head is None:
                 return
             path, messages = head
-            futs = []
-            for topic, key, value in messages:
-                futs.append(await asyncio.wait_for(self._producer.send(topic, value, key=key),
-                                                   self.send_timeout_s))
-            await asyncio.wait_for(asyncio.gather(*futs), self.send_timeout_s * 2)
+            start = self._drain_pos[1] if self._drain_pos is not None and self._drain_pos[0] == path else 0
+            for i in range(start, len(messages), DRAIN_CHUNK):
+                chunk = messages[i:i + DRAIN_CHUNK]
+                futs = []
+                for topic, key, value in chunk:
+                    futs.append(await asyncio.wait_for(self._producer.send(topic, value, key=key),
+                                                       self.send_timeout_s))
+                await asyncio.wait_for(asyncio.gather(*futs), self.send_timeout_s * 2)
+                self._drain_pos = (path, i + len(chunk))
+                self.delivered_from_spool += len(chunk)
+                self.sent += len(chunk)
+                self.confirmed += len(chunk)
+                self.bytes_sent += sum(len(v) for _, _, v in chunk)
             self.spool.release(path)
-            self.delivered_from_spool += len(messages)
-            self.sent += len(messages)
-            self.confirmed += len(messages)
-            self.bytes_sent += sum(len(v) for _, _, v in messages)
+            self._drain_pos = None
             log.debug("delivered %d spooled messages from %s", len(messages), path.name)
 
     async def _close_producer(self) -> None:
