@@ -36,6 +36,7 @@ def test_the_spool_loses_nothing_and_only_the_memory_broker_does(soak):
     # held at the end was consumed; the only loss is what the memory broker had confirmed
     # and not yet handed to the group when it was killed, counted.
     assert soak["lost_before_broker"] == 0 and soak["dropped"] == 0 and soak["unconsumed"] == 0
+    assert soak["in_spool_at_end"] == 0
     assert soak["broker_distinct"] + soak["unseen_by_observer"] == soak["produced"]
     assert soak["produced_detail"]["spooled"] >= 1
     assert soak["produced_detail"]["delivered_from_spool"] == soak["produced_detail"]["spooled"]
@@ -49,12 +50,12 @@ def test_every_poison_message_is_one_dead_letter(soak):
     assert soak["poison_dead_lettered"] == soak["poison_sent"] - soak["poison_lost_in_broker_restarts"]
 
 
-def test_no_wrong_or_second_incident(soak):
-    assert soak["incidents_expected"] >= 2
-    # The first faulty replay streams before any fault: it is always diagnosed (later ones
-    # may be missed after a memory broker restart or a rebalance, docs/reliability.md).
-    assert "soak-0" not in soak["incidents_missed"] and soak["incidents_right"] >= 1
-    assert soak["incidents_wrong"] == 0, soak["incidents_wrong_detail"]
+def test_jobs_clear_of_the_broker_and_worker_faults_are_diagnosed_right(soak):
+    # Jobs streamed around a memory broker restart or a worker kill lose or skip data
+    # (counted above) and may be missed or even misplaced (docs/reliability.md); every
+    # other job, InfluxDB outages, poison and bursts notwithstanding, must be right.
+    assert soak["clean_incidents_expected"] >= 2
+    assert soak["clean_incidents_missed"] == [] and soak["clean_incidents_wrong"] == 0
     assert soak["incidents_duplicate"] == 0
 
 
