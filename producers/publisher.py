@@ -42,6 +42,10 @@ UNCLEAN_SEQ_MARGIN = 64
 # Bounds of a packed hook-events message (a node's events of one coalescing window).
 PACK_EVENTS = 4096
 PACK_BYTES = 256 << 10
+# Spooled messages sent per confirmation wait when draining. A whole 4 MiB segment (thousands
+# of messages) had to be confirmed within one timeout: on a loaded machine it never was,
+# the segment was sent again from its start, and the spool grew for ever (the soak).
+DRAIN_CHUNK = 256
 
 
 class Publisher:
@@ -92,6 +96,10 @@ class Publisher:
         self._wake = asyncio.Event()
         self._drained = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # Resolved (and replaced) by every outage: the settle loop waits on it beside the
+        # oldest message, whose future an outage may leave unresolved for ever.
+        self._outage: asyncio.Future[None] | None = None
+        self._drain_pos: tuple[Path, int] | None = None  # (segment, messages confirmed) mid-drain
         self._closing = False
         self.sent = 0
         self.confirmed = 0
@@ -116,6 +124,7 @@ class Publisher:
         password) is a :class:`ConfigError` naming the setting, raised here before anything is
         taken; a broker that is only down is not (messages spool until it is back)."""
         await check_kafka(self.settings, self.bootstrap, timeout_s=max(self.send_timeout_s, 1.0))
+        self._outage = asyncio.get_running_loop().create_future()
         self._tasks = [asyncio.create_task(self._settle_loop(), name="pulse-settle"),
                        asyncio.create_task(self._reconnect_loop(), name="pulse-reconnect"),
                        asyncio.create_task(self._watchdog(), name="pulse-watchdog")]
@@ -160,9 +169,11 @@ class Publisher:
         await self._send_coalesced()
         while True:
             if self._inflight:
+                # The oldest first (the settle loop confirms in order); bounded, so a future
+                # that never resolves shows as a slow flush, not a loop spinning on a done one.
                 with contextlib.suppress(Exception):
-                    await asyncio.shield(self._inflight[-1][3])
-                await asyncio.sleep(0)
+                    await asyncio.wait_for(asyncio.shield(self._inflight[0][3]), 1.0)
+                await asyncio.sleep(0.001)
                 continue
             if self._up and self.spool.empty and not self._inflight:
                 return
@@ -274,19 +285,25 @@ class Publisher:
             self.spool.append(topic, key, value)
             self._wake.set()
             return
+        producer = self._producer
         try:
             # asyncio.timeout, not wait_for: no task per message (wait_for made one, and that
             # was most of the publisher's cost per message).
             async with asyncio.timeout(self.send_timeout_s):
-                fut = await self._producer.send(topic, value, key=key)
+                fut = await producer.send(topic, value, key=key)
         except Exception as exc:  # broker gone, metadata timeout, buffer full for too long
-            self._down(exc)
+            if self._producer is producer:
+                self._down(exc)
             self.spool.append(topic, key, value)
             return
-        if not self._up:
+        if not self._up or self._producer is not producer:
             # The broker went down while aiokafka took it (the watchdog stopped the sender,
-            # so this future would never resolve): it goes to the spool like the rest.
+            # so this future would never resolve): it goes to the spool like the rest. Also
+            # when the outage was over before the send returned: the producer that took it
+            # was replaced, and its future would hold up every flush for ever (the soak
+            # found this after a broker restart).
             self.spool.append(topic, key, value)
+            self._wake.set()
             return
         self.sent += 1
         self.bytes_sent += len(value)
@@ -309,6 +326,9 @@ class Publisher:
         # and drops them: stop its sender now; unconfirmed messages go to the spool.
         self._stop_sender()
         self._spool_inflight()
+        if self._outage is not None and not self._outage.done():
+            self._outage.set_result(None)
+            self._outage = asyncio.get_running_loop().create_future()
         self._wake.set()
 
     def _stop_sender(self) -> None:
@@ -385,12 +405,20 @@ class Publisher:
                 await self._wake.wait()
                 continue
             fut = self._inflight[0][3]
-            try:
-                await asyncio.shield(fut)
-            except Exception as exc:
-                self._down(exc)
+            if not fut.done():
+                # Not the bare future: an outage spools it and stops the sender that would
+                # resolve it, and this loop then waited for ever while every later message
+                # piled up in flight (a flush never returned; found by the soak).
+                waits: tuple[asyncio.Future[Any], ...] = (fut,) if self._outage is None else (fut, self._outage)
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                if not fut.done():
+                    continue  # spooled by the outage: look at what is in flight now
+            mine = bool(self._inflight) and self._inflight[0][3] is fut
+            if fut.cancelled() or fut.exception() is not None:
+                if mine:  # a late failure of a message already spooled changes nothing
+                    self._down(fut.exception() or ConnectionError("send cancelled"))
                 continue
-            if self._inflight and self._inflight[0][3] is fut:
+            if mine:
                 self._inflight.popleft()
                 self.confirmed += 1
 
@@ -438,22 +466,29 @@ class Publisher:
         self._producer = producer
 
     async def _drain(self) -> None:
-        """Send the spool oldest segment first; each segment is deleted once confirmed."""
+        """Send the spool oldest segment first, in chunks; each segment is deleted once
+        every message in it is confirmed. A failure mid-segment resumes after the last
+        confirmed chunk (what a timed-out chunk had sent may arrive twice: at-least-once)."""
         while True:
             head = self.spool.oldest()
             if head is None:
                 return
             path, messages = head
-            futs = []
-            for topic, key, value in messages:
-                futs.append(await asyncio.wait_for(self._producer.send(topic, value, key=key),
-                                                   self.send_timeout_s))
-            await asyncio.wait_for(asyncio.gather(*futs), self.send_timeout_s * 2)
+            start = self._drain_pos[1] if self._drain_pos is not None and self._drain_pos[0] == path else 0
+            for i in range(start, len(messages), DRAIN_CHUNK):
+                chunk = messages[i:i + DRAIN_CHUNK]
+                futs = []
+                for topic, key, value in chunk:
+                    futs.append(await asyncio.wait_for(self._producer.send(topic, value, key=key),
+                                                       self.send_timeout_s))
+                await asyncio.wait_for(asyncio.gather(*futs), self.send_timeout_s * 2)
+                self._drain_pos = (path, i + len(chunk))
+                self.delivered_from_spool += len(chunk)
+                self.sent += len(chunk)
+                self.confirmed += len(chunk)
+                self.bytes_sent += sum(len(v) for _, _, v in chunk)
             self.spool.release(path)
-            self.delivered_from_spool += len(messages)
-            self.sent += len(messages)
-            self.confirmed += len(messages)
-            self.bytes_sent += sum(len(v) for _, _, v in messages)
+            self._drain_pos = None
             log.debug("delivered %d spooled messages from %s", len(messages), path.name)
 
     async def _close_producer(self) -> None:

@@ -15,6 +15,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "localize": ("pulse.streams.localize_bench:bench_localize", "Localization GPUs per core vs a bare JSON decode."),
     "pipeline": ("pulse.streams.bench:bench_pipeline", "Producer->broker->segment agent vs raw aiokafka; demo latency."),
     "scale": ("pulse.streams.scalebench:bench_scale", "Per-stage CPU per second of traffic, GPUs per core, Kafka bytes per GPU-s."),
+    "soak": ("pulse.streams.soak_cli:bench_soak", "The pipeline for minutes under faults: every message accounted for."),
 }
 
 

@@ -121,7 +121,7 @@ def _no_orphan() -> None:  # pragma: no cover - runs in the child between fork a
 
 
 class EmbeddedBroker:
-    """Tansu on ``127.0.0.1:port`` with memory storage; a context manager.
+    """Tansu on ``127.0.0.1:port`` with memory storage (or ``storage``); a context manager.
 
     ``port=None`` picks a free port (retrying with another if it was taken in between).
     The broker's stdout and stderr go to ``log_path`` (a temporary file by default), whose
@@ -133,7 +133,8 @@ class EmbeddedBroker:
     def __init__(self, port: int | None = None, *, host: str = HOST, log_path: str | Path | None = None,
                  startup_timeout: float = 30.0, stop_timeout: float = 5.0,
                  binary: str | Path | None = None, die_with_parent: bool = True,
-                 advertised_port: int | None = None, authentication: bool = False) -> None:
+                 advertised_port: int | None = None, authentication: bool = False,
+                 storage: str = "memory://tansu/", storage_env: Mapping[str, str] | None = None) -> None:
         if port is not None and not 0 < int(port) < 65536:
             raise ConfigError(f"broker port {port}: must be in 1..65535")
         self.host = host
@@ -154,6 +155,10 @@ class EmbeddedBroker:
         self.advertised_port = advertised_port
         # Tansu's --authentication: every client must pass SASL (SCRAM) first.
         self.authentication = authentication
+        # memory:// loses every topic on restart; s3://BUCKET/ (with AWS_ENDPOINT etc. in
+        # storage_env) keeps them in an S3-compatible store, so a restart loses nothing.
+        self.storage = storage
+        self.storage_env = dict(storage_env or {})
 
     @property
     def bootstrap(self) -> str:
@@ -194,12 +199,13 @@ class EmbeddedBroker:
         url = f"tcp://{self.host}:{port}"
         advertised = f"tcp://{self.host}:{self.advertised_port}" if self.advertised_port else url
         cmd = [str(binary), "broker", "--listener-url", url, "--advertised-listener-url", advertised,
-               "--storage-engine", "memory://tansu/"]
+               "--storage-engine", self.storage]
         if self.authentication:
             cmd.append("--authentication")
         # Tansu also reads these from the environment; keep a user's settings out of ours.
         env = {k: v for k, v in os.environ.items()
                if k not in ("LISTENER_URL", "ADVERTISED_LISTENER_URL", "STORAGE_ENGINE", "CLUSTER_ID")}
+        env.update(self.storage_env)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(cmd)}\n".encode())

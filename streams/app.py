@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -137,6 +138,7 @@ class Pipeline:
         self.lag_ms: dict[str, float] = {}
         self.verdicts_sent = 0
         self.dead_sent = 0
+        self.messages_in = 0  # input messages taken live (not the rebuild): the soak counts duplicates
         self.started_ns = time.time_ns()
         self.input_done_at_ns = 0
         self.seeded: set[str] = set()
@@ -184,6 +186,7 @@ class Pipeline:
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
                 msgs = [self._message(ev) for ev in chunk]
                 await self._take_over(app, msgs, self.seg_owned)
+                self.messages_in += len(msgs)
                 out = await self._run(self._seg_pool, self.segment_state.handle, msgs)
                 self.input_done_at_ns = time.time_ns()
                 self._note_lag("segment", chunk)
@@ -443,7 +446,7 @@ class Pipeline:
                 parts.setdefault(tp.topic, []).append(tp.partition)
         rec: dict[str, Any] = {
             "type": "pipeline", "v": 1, "worker": self.settings.worker_id, "member": self.member,
-            "at_ns": time.time_ns(), "assigned": assigned,
+            "at_ns": time.time_ns(), "pid": os.getpid(), "messages_in": self.messages_in, "assigned": assigned,
             # Which partitions are this worker's (workers of one group split them).
             "partitions": sorted(parts.get(self.topics.samples, [])),
             "op_partitions": sorted(parts.get(self.topics.op_metrics, [])),

@@ -12,6 +12,14 @@ only queue a line (never blocking the agents; a full queue drops and counts), a
 background task writes batches from a thread, retrying with exponential backoff, and
 :meth:`flush` / :meth:`close` drain it.
 
+An unreachable server, or one answering 408, 429 or 5xx (overloaded, restarting), is
+waited for as long as it takes: the batch in hand is retried with backoff (at most
+``backoff_s[1]`` apart) and new points queue up to ``max_queue``; beyond that they are
+dropped and counted (``dropped``), and what was queued is written when the server
+answers again. Only an answer that retrying cannot change (another 4xx) gives up on a
+batch after ``retries`` tries. Points still queued when the worker stops are counted as
+dropped.
+
 Points older than the bucket's retention are refused by the server (InfluxDB 1.x: HTTP 400,
 2.x: 422, "partial write: points beyond retention policy dropped=N"; the rest of the batch
 is written). Retrying cannot help, so they are counted (``rejected_retention``, also in
@@ -55,6 +63,19 @@ log = logging.getLogger("pulse.streams.influx")
 
 RETENTION_LOG_INTERVAL_S = 60.0
 _DROPPED = re.compile(r"dropped[= ](\d+)")
+
+
+def transient(exc: BaseException) -> bool:
+    """True when a failed write may succeed later unchanged: no answer at all (refused,
+    reset, timed out) or an answer meaning "not now" (408, 429, 5xx)."""
+    status = getattr(exc, "status", None)
+    if status is None:
+        return True
+    try:
+        code = int(status)
+    except (TypeError, ValueError):
+        return True
+    return code in (408, 429) or code >= 500
 
 
 def retention_refused(exc: BaseException, points: int) -> int | None:
@@ -185,6 +206,8 @@ class InfluxSink(QueuedSink[str]):
         self.failed_batches = 0
         self.retried = 0
         self.rejected_retention = 0
+        self.outage_since: float | None = None  # monotonic time of the first failed try of an outage
+        self._in_hand = 0
         self._retention_logged_at = -RETENTION_LOG_INTERVAL_S
 
     @classmethod
@@ -202,20 +225,25 @@ class InfluxSink(QueuedSink[str]):
         return self
 
     async def _open(self) -> None:
-        await asyncio.to_thread(self._detect)
+        try:
+            await asyncio.to_thread(self._detect)
+        except ServiceError as exc:
+            # A worker (re)started while InfluxDB is down still starts: the writer detects
+            # the server before its first write and queues points until then.
+            log.warning("%s; points are queued until it answers", exc)
 
     def _detect(self) -> None:
         try:
             req = urllib.request.Request(self.url + "/ping", method="GET")
             with urllib.request.urlopen(req, timeout=self.timeout_s, context=self._ssl) as resp:
-                self.version = resp.headers.get("X-Influxdb-Version") or ""
+                version = resp.headers.get("X-Influxdb-Version") or ""
         except (OSError, urllib.error.URLError) as exc:
             reason = getattr(exc, "reason", exc)
             if isinstance(reason, ssl.SSLCertVerificationError):
                 raise ConfigError(f"PULSE_INFLUX_CA_FILE={self.ca_file}: does not verify InfluxDB's certificate at "
                                   f"{self.url} ({reason.verify_message})") from None
             raise ServiceError(f"InfluxDB at {self.url} does not answer /ping: {exc}") from None
-        self.v1 = self.version.startswith("1.")
+        self.v1 = version.startswith("1.")
         if self.v1:
             q = urllib.parse.urlencode({"q": f'CREATE DATABASE "{self.bucket}"'})
             self._http("POST", f"/query?{q}", b"")
@@ -227,6 +255,7 @@ class InfluxSink(QueuedSink[str]):
                                           timeout=int(self.timeout_s * 1000), verify_ssl=True,
                                           ssl_ca_cert=self.ca_file)
             self._write_api = self._client.write_api(write_options=SYNCHRONOUS)
+        self.version = version  # detected: set last, so a failure above is detected again
 
     def _http(self, method: str, path: str, body: bytes) -> None:
         headers = {"Content-Type": "text/plain; charset=utf-8"}
@@ -238,7 +267,9 @@ class InfluxSink(QueuedSink[str]):
                 resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode(errors="replace")
-            raise ServiceError(f"InfluxDB {self.url}{path.split('?')[0]}: HTTP {exc.code} {detail}") from None
+            err = ServiceError(f"InfluxDB {self.url}{path.split('?')[0]}: HTTP {exc.code} {detail}")
+            err.status = exc.code  # type: ignore[attr-defined]  # transient() reads it
+            raise err from None
 
     def _shut(self) -> None:
         if self._client is not None:
@@ -295,26 +326,53 @@ class InfluxSink(QueuedSink[str]):
     async def _write_with_retry(self, chunk: list[str]) -> None:
         body = ("\n".join(chunk) + "\n").encode()
         delay = self.backoff[0]
-        for attempt in range(self.retries + 1):
+        attempt = 0
+        # Counted as dropped by close() if the writer is cancelled with it (server still down).
+        self._in_hand = len(chunk)
+        while True:
             try:
                 await asyncio.to_thread(self._write, body)
                 self.written += len(chunk)
+                self._in_hand = 0
+                if self.outage_since is not None:
+                    log.warning("InfluxDB %s answers again after %.1f s", self.url,
+                                time.monotonic() - self.outage_since)
+                    self.outage_since = None
                 return
             except Exception as exc:
                 refused = retention_refused(exc, len(chunk))
                 if refused is not None:
+                    self._in_hand = 0
                     self._refused_for_retention(refused, len(chunk), exc)
                     return
-                if attempt == self.retries:
+                # A server that is down or overloaded is waited for (the queue is the bound);
+                # an answer that retrying cannot change is given up after `retries`.
+                if not transient(exc) and attempt >= self.retries:
+                    self._in_hand = 0
                     self.failed_batches += 1
                     self.dropped += len(chunk)
                     log.error("InfluxDB %s: giving up on %d points after %d tries: %s",
                               self.url, len(chunk), attempt + 1, exc)
                     return
+                if transient(exc) and self.outage_since is None:
+                    self.outage_since = time.monotonic()
+                attempt += 1
                 self.retried += 1
-                log.warning("InfluxDB %s write failed (%s); retry in %.1f s", self.url, exc, delay)
+                if attempt <= self.retries or attempt % 20 == 0:  # a long outage: not a line per try
+                    log.warning("InfluxDB %s write failed (%s); retry in %.1f s (%d queued)", self.url, exc,
+                                delay, len(self._queue))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.backoff[1])
+
+    async def close(self, *, timeout_s: float = 10.0) -> None:
+        await super().close(timeout_s=timeout_s)
+        # What could not be written before the stop (the server still down) is lost: counted.
+        left = len(self._queue) + self._in_hand
+        if left:
+            self.dropped += left
+            log.error("InfluxDB %s: %d points not written at stop (server unreachable)", self.url, left)
+            self._queue.clear()
+            self._in_hand = 0
 
     def _refused_for_retention(self, refused: int, points: int, exc: BaseException) -> None:
         self.rejected_retention += refused
@@ -328,6 +386,8 @@ class InfluxSink(QueuedSink[str]):
                       self.url, refused, points, self.bucket, self.rejected_retention, exc)
 
     def _write(self, body: bytes) -> None:
+        if self.version is None:
+            self._detect()
         if self.v1:
             q = urllib.parse.urlencode({"db": self.bucket, "precision": "ns"})
             self._http("POST", f"/write?{q}", body)
@@ -341,4 +401,5 @@ class InfluxSink(QueuedSink[str]):
     def stats(self) -> dict[str, Any]:
         return {"url": self.url, "api": "v1" if self.v1 else "v2", "written": self.written,
                 "queued": len(self._queue), "dropped": self.dropped, "retried": self.retried,
-                "failed_batches": self.failed_batches, "rejected_retention": self.rejected_retention}
+                "failed_batches": self.failed_batches, "rejected_retention": self.rejected_retention,
+                "outage": self.outage_since is not None}
