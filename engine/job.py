@@ -23,7 +23,7 @@ from pulse.events import HookEvent
 from pulse.records import DataEnd, Incident, OpMetrics, Verdict
 from pulse.samples import EpochBatch
 
-from .localize_stage import HOLD_NS, IDLE_S, JOB_IDLE_S, Judged, LocalizeStage
+from .localize_stage import FORGET_S, HOLD_NS, IDLE_S, JOB_IDLE_S, Judged, LocalizeStage
 from .netonly import NETWORK_ONLY_RATE_RATIO, InferredStage
 from .segment_stage import SegmentOutput, SegmentStage
 
@@ -38,6 +38,9 @@ class Localizers:
         self.idle_s = idle_s
         self.budget_s = budget_s
         self.job_idle_s = job_idle_s
+        self.forget_s = FORGET_S
+        self.forgotten = 0
+        """Jobs dropped after ``forget_s`` without input (see :data:`.localize_stage.FORGET_S`)."""
         self.jobs: dict[str, LocalizeStage] = {}
         self.verdicts = 0
 
@@ -80,6 +83,9 @@ class Localizers:
             out.extend(got)
             if cut:
                 break
+        for job in [j for j, st in self.jobs.items() if st.forgettable(now, self.forget_s)]:
+            del self.jobs[job]
+            self.forgotten += 1
         self.verdicts += len(out.verdicts)
         return out
 
@@ -145,7 +151,9 @@ class JobEngine:
 
     def feed(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = (),
              now: float = 0.0) -> list[Verdict]:
-        out = self.segment.add(events, batches)
+        out = self.segment.add(events, batches, now=now)
+        if now:
+            self.segment.forget(now, FORGET_S)
         if out.refused:
             batch, exc = out.refused[0]
             raise type(exc)(f"{batch.node}/{batch.nic} batch {batch.batch_seq}: {exc}")

@@ -37,6 +37,11 @@ JOB_IDLE_S = 60.0
 incidents are resolved (``job-ended``), so an alert does not fire for ever after the job died
 or was stopped. Longer than a checkpoint pause of most jobs' steps; offline runs never idle
 (their input ends with ``finish``)."""
+FORGET_S = 900.0
+"""Wall time without any input after which a job's localizer (and a node's segmenter) is
+dropped: its incidents were resolved at ``JOB_IDLE_S``, and keeping every job and node ever
+seen grows a worker without bound (the soak measured 92 -> 299 MiB in 390 s). A job back
+after this is judged anew (its references relearnt); 15 minutes covers checkpoint pauses."""
 JUDGE_STEP = 64
 """Records per localizer call when a time budget applies (about 30 ms at 64 GPUs)."""
 
@@ -134,6 +139,11 @@ class LocalizeStage:
         if not self.tracker.open or self.last_record is None or now - self.last_record < self.job_idle_s:
             return Judged()
         return Judged(incidents=self.tracker.finish(self.data_end or None))
+
+    def forgettable(self, now: float, forget_s: float) -> bool:
+        """Idle for ``forget_s`` with nothing held, judged or open: safe to drop."""
+        return (self.last_record is not None and now - self.last_record >= forget_s and not self.tracker.open
+                and not self.held)
 
     def finish(self) -> Judged:
         """The end of the input: release and judge everything, the localizer's last word,

@@ -108,7 +108,11 @@ class InferredStage:
     def gaps(self, node: str) -> dict[str, int]:
         return {}
 
-    def add(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = ()) -> SegmentOutput:
+    def forget(self, now: float, idle_s: float) -> list[str]:
+        return []  # network-only runs offline (diagnose) only, for now
+
+    def add(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = (),
+            now: float = 0.0) -> SegmentOutput:
         for e in events:
             if isinstance(e, FlowEvent):
                 self._note_flow(e)  # its addresses only: any comm/rank binding is ignored

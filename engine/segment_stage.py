@@ -85,6 +85,9 @@ class SegmentStage:
         self._jobs: dict[str, str] = {}
         self._data_end: dict[str, int] = {}
         self._nic_end: dict[str, dict[str, int]] = {}
+        self._seen: dict[str, float] = {}
+        """node -> wall time of its latest input (live runs only)."""
+        self.forgotten = 0
         self.damage: dict[str, dict[str, int]] = {}
         """node -> counts of input not used (see the module's docstring)."""
         self._told_gaps: dict[str, dict[str, int]] = {}
@@ -120,15 +123,31 @@ class SegmentStage:
         self._told_gaps.update(other._told_gaps)
         self.damage.update(other.damage)
 
+    def forget(self, now: float, idle_s: float) -> list[str]:
+        """Drop the nodes without input for ``idle_s`` (a job's nodes after it ended: what
+        a worker holds stays bounded by the nodes live now). A node back later starts a
+        fresh segmenter, as a node joining mid-run does."""
+        gone = [n for n, t in self._seen.items() if now - t >= idle_s]
+        for node in gone:
+            for table in (self.nodes, self._data_end, self._nic_end, self._told_gaps, self.damage, self._jobs,
+                          self._seen):
+                table.pop(node, None)  # type: ignore[attr-defined]
+        self.forgotten += len(gone)
+        return gone
+
     def job_of(self, node: str) -> str:
         return self._jobs.get(node, "")
 
-    def add(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = ()) -> SegmentOutput:
-        """Take one chunk: its hook events, then its batches."""
+    def add(self, events: Iterable[HookEvent] = (), batches: Iterable[EpochBatch] = (),
+            now: float = 0.0) -> SegmentOutput:
+        """Take one chunk: its hook events, then its batches. ``now``: the wall clock of a
+        live run (0 offline), to forget nodes that stopped sending (:meth:`forget`)."""
         out = SegmentOutput()
         hooks: dict[str, list[HookEvent]] = {}
         for e in events:
             hooks.setdefault(e.node, []).append(e)
+            if now:
+                self._seen[e.node] = now
         touched: dict[str, NodeSegmenter] = {}
         if hooks:
             # Taken in without a kernel pass: each touched node runs once below, after its
@@ -143,6 +162,8 @@ class SegmentStage:
             if self._wild_time(batch):
                 self._count(batch.node, "wild_time_batches")
                 continue
+            if now:
+                self._seen[batch.node] = now
             batch = self._clamp(batch)
             try:
                 seg = self.segmenter(batch.node)

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 from pulse.engine import Judged, Localizers, SegmentOutput, SegmentStage
+from pulse.engine.localize_stage import FORGET_S
 
 from pulse import events as _events
 from pulse import samples as _samples
@@ -182,7 +183,10 @@ class SegmentState:
             except PulseError as exc:
                 self.dead += 1
                 out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "segment"))
-        return self._encode(self.stage.add(events, batches), out)
+        now = time.monotonic()
+        res = self.stage.add(events, batches, now=now)
+        self.stage.forget(now, FORGET_S)  # nodes of jobs that ended long ago
+        return self._encode(res, out)
 
     def finish(self) -> Output:
         return self._encode(self.stage.finish(), Output())
