@@ -37,11 +37,12 @@ JOB_IDLE_S = 60.0
 incidents are resolved (``job-ended``), so an alert does not fire for ever after the job died
 or was stopped. Longer than a checkpoint pause of most jobs' steps; offline runs never idle
 (their input ends with ``finish``)."""
-FORGET_S = 900.0
+FORGET_S = 120.0
 """Wall time without any input after which a job's localizer (and a node's segmenter) is
-dropped: its incidents were resolved at ``JOB_IDLE_S``, and keeping every job and node ever
-seen grows a worker without bound (the soak measured 92 -> 299 MiB in 390 s). A job back
-after this is judged anew (its references relearnt); 15 minutes covers checkpoint pauses."""
+dropped, a minute after ``JOB_IDLE_S`` resolved its incidents: keeping every job and node
+ever seen grows a worker without bound (the soak measured 92 -> 299 MiB in 390 s as jobs
+came and went). A job back after a longer pause (a checkpoint) is judged anew: it costs
+the references of its first few dozen operators, not a wrong verdict."""
 JUDGE_STEP = 64
 """Records per localizer call when a time budget applies (about 30 ms at 64 GPUs)."""
 
