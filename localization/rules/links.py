@@ -116,11 +116,36 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
         return {}
-    remaining = set(pairs)
-    group: list[str] = []
-    while remaining and len(group) < p.max_group:
-        best = max(nodes_in, key=lambda n: sum(n in pair for pair in remaining))
-        group.append(best)
-        remaining = {pair for pair in remaining if best not in pair}
-    grp = tuple(sorted(group))
+    suspects = record_suspects(hits)
+    if len(suspects) == 1:
+        # A record that sends to several peers (a tree relay, a full mesh) is slow, or
+        # resends, because of *one* of its links, not all: its finding marks every link
+        # it crossed. The one node in every slow record's {sender} + peers is the only
+        # single node that explains them all.
+        x = next(iter(suspects))
+        return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+    grp = unique_cover(pairs, nodes_in, p.max_group)
+    if grp is None:
+        return {}  # several smallest sets explain the slow links alike: naming one would be a guess
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
+
+
+def record_suspects(hits: list[Finding]) -> set[str]:
+    """Nodes present in every slow record's {its node} + {the nodes it sends to}."""
+    sets = [{f.node} | {node_of(e) for e in f.peer_eps} for f in hits]
+    return set.intersection(*sets) if sets else set()
+
+
+def unique_cover(pairs: set[tuple[str, str]], nodes: list[str], max_group: int) -> tuple[str, ...] | None:
+    """The smallest set of nodes touching every slow (sender, receiver) pair, when it is the
+    only one of its size (at most ``max_group`` nodes); None when none or several are. Three
+    nodes whose records all resend to each other (a lossy link under a 3-rank tree, where
+    every rank sends to both others) are covered by any two of them: the links alone do not
+    say which two, and a guess names a healthy node."""
+    from itertools import combinations
+
+    for k in range(1, max_group + 1):
+        found = [c for c in combinations(nodes, k) if all(a in c or b in c for a, b in pairs)]
+        if found:
+            return found[0] if len(found) == 1 else None
+    return None
