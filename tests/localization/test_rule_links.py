@@ -132,3 +132,14 @@ def test_resending_records_of_a_full_mesh_name_nobody_until_one_node_explains_th
     # single node that explains them all
     got = slow_link_hypotheses(_tree3("c", third=True), set(), P)
     assert list(got) == [("network-slow", ("c",))]
+
+
+def test_a_one_way_slowdown_names_no_path_until_the_reverse_is_seen_clean():
+    # a -> b slow on two NIC pairs, both talk cleanly with third nodes, b -> a not seen yet:
+    # a's starved host fits as well as a one-way path
+    slow = {(ep("a", k), ep("b", k)): slow_link(ep("a", k), ep("b", k)) for k in (0, 1)}
+    clean = {(ep("a", 2), ep("c", 2)), (ep("c", 2), ep("b", 2))}
+    assert slow_link_hypotheses(slow, clean, P) == {}
+    # b -> a seen clean: only a's sends are slow, on two NICs, the host rule tells them apart
+    got = slow_link_hypotheses(slow, clean | {(ep("b", 3), ep("a", 3))}, P)
+    assert list(got) == [("host-contention", ("a",))]
