@@ -28,8 +28,8 @@ def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: Locali
                     used: set[Link] | None = None) -> dict[Key, Hypothesis]:
     """x is host-contended when every slow link touches x, x's sends are slow on at least
     ``host_min_nics`` of its NICs, the traffic into x is clean or at most ``host_in_frac``
-    as slow, and the nodes x sends to still receive from others without persistent
-    slowness (else their downlinks are the problem). A link into x that is used and clean, or an out-link of x
+    as slow, and the nodes x sends to still receive cleanly from others (else their
+    downlinks are the problem). A link into x that is used and clean, or an out-link of x
     to another receiver that is slow too, rules out a path that only carries x's traffic
     one way (used: carried traffic since the slowness began without being persistently
     slow, ``used``; clean ones when not given). ``slow`` / ``clean``: the link state
@@ -48,10 +48,10 @@ def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: Locali
         if out_ex <= 0 or in_ex > p.host_in_frac * out_ex:
             continue
         receivers = {node_of(k[1]) for k in out_links}
-        fine = clean if used is None else clean | used
-        if not all(any(node_of(b) == d and node_of(a) != x for a, b in fine) for d in receivers):
+        if not all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers):
             continue
-        reverse_used = bool(in_links) or any(node_of(a) in receivers and node_of(b) == x for a, b in fine)
+        reverse_used = bool(in_links) or any(node_of(a) in receivers and node_of(b) == x
+                                             for a, b in (clean if used is None else clean | used))
         if not (reverse_used or len(receivers) >= 2):
             continue
         hits = [f for fs in slow.values() for f in fs]
