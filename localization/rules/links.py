@@ -17,6 +17,8 @@ Physical facts relied on:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
@@ -147,7 +149,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         # single node that explains them all.
         x = next(iter(suspects))
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
-    grp = unique_cover(pairs, nodes_in, p.max_group)
+    sets = {frozenset({f.node} | {node_of(e) for e in f.peer_eps}) for f in hits} or {frozenset(k) for k in pairs}
+    grp = unique_cover(sets, sorted(set().union(*sets)), p.max_group)
     if grp is None:
         return {}  # several smallest sets explain the slow links alike: naming one would be a guess
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
@@ -159,16 +162,18 @@ def record_suspects(hits: list[Finding]) -> set[str]:
     return set.intersection(*sets) if sets else set()
 
 
-def unique_cover(pairs: set[tuple[str, str]], nodes: list[str], max_group: int) -> tuple[str, ...] | None:
-    """The smallest set of nodes touching every slow (sender, receiver) pair, when it is the
-    only one of its size (at most ``max_group`` nodes); None when none or several are. Three
-    nodes whose records all resend to each other (a lossy link under a 3-rank tree, where
-    every rank sends to both others) are covered by any two of them: the links alone do not
-    say which two, and a guess names a healthy node."""
+def unique_cover(sets: Iterable[Iterable[str]], nodes: list[str], max_group: int) -> tuple[str, ...] | None:
+    """The smallest set of nodes meeting every slow record's {its node} + {the nodes it
+    sends to} (for a ring record: its one link), when it is the only one of its size (at
+    most ``max_group`` nodes); None when none or several are. Three nodes whose records all
+    resend to each other (a lossy link under a 3-rank tree, where every rank sends to both
+    others) are each one such set: the records do not say which, and a guess names a
+    healthy node."""
     from itertools import combinations
 
+    want = [frozenset(s) for s in sets]
     for k in range(1, max_group + 1):
-        found = [c for c in combinations(nodes, k) if all(a in c or b in c for a, b in pairs)]
+        found = [c for c in combinations(nodes, k) if all(not s.isdisjoint(c) for s in want)]
         if found:
             return found[0] if len(found) == 1 else None
     return None

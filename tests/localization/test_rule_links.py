@@ -103,7 +103,9 @@ def test_several_smallest_covers_name_nobody():
     pairs = [("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")]
     slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in pairs}
     assert slow_link_hypotheses(slow, set(), P) == {}
-    assert unique_cover({("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")}, ["a", "b", "c", "d"], 4) is None
+    assert unique_cover([("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")], ["a", "b", "c", "d"], 4) is None
+    assert unique_cover([("a", "b", "c"), ("b", "c", "d")], ["a", "b", "c", "d"], 4) is None  # b or c
+    assert unique_cover([("a", "b"), ("b", "c")], ["a", "b", "c"], 4) == ("b",)
 
 
 def _tree3(lossy: str | None, third: bool = False) -> dict:
