@@ -150,7 +150,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         x = next(iter(suspects))
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     sets = {frozenset({f.node} | {node_of(e) for e in f.peer_eps}) for f in hits} or {frozenset(k) for k in pairs}
-    grp = unique_cover(sets, sorted(set().union(*sets)), p.max_group)
+    nodes = sorted(set().union(*sets))
+    grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
     if grp is None:
         return {}  # several smallest sets explain the slow links alike: naming one would be a guess
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
@@ -162,7 +163,27 @@ def record_suspects(hits: list[Finding]) -> set[str]:
     return set.intersection(*sets) if sets else set()
 
 
-def unique_cover(sets: Iterable[Iterable[str]], nodes: list[str], max_group: int) -> tuple[str, ...] | None:
+def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str]) -> set[str]:
+    """Nodes whose part in the slow links is seen healthy elsewhere: a node that only sends
+    on them while sending cleanly to a node outside them (its NIC, uplink and host work), or
+    only receives on them while receiving cleanly from one (its downlink works). Pipeline
+    sends into two congested downlinks (battery switch-congestion: node-06 -> node-02,
+    node-07 -> node-03) are covered by the receivers, the senders or one of each alike; the
+    senders' clean ring sends leave the receivers."""
+    out = set()
+    for x in nodes:
+        sends = any(a == x for a, _ in pairs)
+        gets = any(b == x for _, b in pairs)
+        partners = {b for a, b in pairs if a == x} | {a for a, b in pairs if b == x}
+        ok_out = any(a == x and b not in partners for a, b in clean_pairs)
+        ok_in = any(b == x and a not in partners for a, b in clean_pairs)
+        if (sends or gets) and (not sends or ok_out) and (not gets or ok_in):
+            out.add(x)
+    return out
+
+
+def unique_cover(sets: Iterable[Iterable[str]], nodes: list[str], max_group: int,
+                 exclude: set[str] | None = None) -> tuple[str, ...] | None:
     """The smallest set of nodes meeting every slow record's {its node} + {the nodes it
     sends to} (for a ring record: its one link), when it is the only one of its size (at
     most ``max_group`` nodes); None when none or several are. Three nodes whose records all
@@ -174,6 +195,11 @@ def unique_cover(sets: Iterable[Iterable[str]], nodes: list[str], max_group: int
     want = [frozenset(s) for s in sets]
     for k in range(1, max_group + 1):
         found = [c for c in combinations(nodes, k) if all(not s.isdisjoint(c) for s in want)]
+        if found and exclude:
+            # covers holding a node whose part is seen healthy elsewhere are not explanations
+            found = [c for c in found if not exclude & set(c)]
+            if not found:
+                return None
         if found:
             return found[0] if len(found) == 1 else None
     return None

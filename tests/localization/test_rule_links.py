@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from pulse.localization.observations import ACT
 from pulse.localization.params import LocalizeParams
-from pulse.localization.rules.links import link_state, record_suspects, slow_link_hypotheses, unique_cover
+from pulse.localization.rules.links import (
+    exonerated,
+    link_state,
+    record_suspects,
+    slow_link_hypotheses,
+    unique_cover,
+)
 
 from .findings import MS, ep, evidence, finding, observe, slow_link
 
@@ -145,3 +151,15 @@ def test_a_one_way_slowdown_names_no_path_until_the_reverse_is_seen_clean():
     # b -> a seen clean: only a's sends are slow, on two NICs, the host rule tells them apart
     got = slow_link_hypotheses(slow, clean | {(ep("b", 3), ep("a", 3))}, P)
     assert list(got) == [("host-contention", ("a",))]
+
+
+def test_pipeline_sends_into_two_congested_downlinks_name_the_receivers():
+    # f -> b and g -> c slow (b's and c's downlinks under one congested leaf): the receivers,
+    # the senders or one of each cover them alike; f and g send cleanly to others (their
+    # uplinks work) while b and c are not seen receiving cleanly: the receivers
+    slow = {(ep("f", k), ep("b", k)): slow_link(ep("f", k), ep("b", k)) for k in (0, 1)}
+    slow |= {(ep("g", k), ep("c", k)): slow_link(ep("g", k), ep("c", k)) for k in (0, 1)}
+    clean = {(ep("f", 2), ep("h", 2)), (ep("g", 2), ep("h", 2))}
+    assert list(slow_link_hypotheses(slow, clean, P)) == [("path", ("b", "c"))]
+    assert exonerated({("f", "b"), ("g", "c")}, {("f", "h"), ("g", "h")}, ["b", "c", "f", "g"]) == {"f", "g"}
+    assert slow_link_hypotheses(slow, set(), P) == {}  # nothing exonerates anybody: a guess
