@@ -24,16 +24,13 @@ def excess(fs: list[Finding]) -> float:
     return float(np.median(xs)) if xs else 0.0
 
 
-def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams,
-                    used: set[Link] | None = None) -> dict[Key, Hypothesis]:
+def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams) -> dict[Key, Hypothesis]:
     """x is host-contended when every slow link touches x, x's sends are slow on at least
     ``host_min_nics`` of its NICs, the traffic into x is clean or at most ``host_in_frac``
     as slow, and the nodes x sends to still receive cleanly from others (else their
     downlinks are the problem). A link into x that is used and clean, or an out-link of x
     to another receiver that is slow too, rules out a path that only carries x's traffic
-    one way (used: carried traffic since the slowness began without being persistently
-    slow, ``used``; clean ones when not given). ``slow`` / ``clean``: the link state
-    (:func:`.links.link_state`)."""
+    one way. ``slow`` / ``clean``: the link state (:func:`.links.link_state`)."""
     nodes = sorted({node_of(a) for a, _ in slow})
     for x in nodes:
         if not all(x in (node_of(a), node_of(b)) for a, b in slow):
@@ -50,8 +47,7 @@ def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: Locali
         receivers = {node_of(k[1]) for k in out_links}
         if not all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers):
             continue
-        reverse_used = bool(in_links) or any(node_of(a) in receivers and node_of(b) == x
-                                             for a, b in (clean if used is None else clean | used))
+        reverse_used = bool(in_links) or any(node_of(a) in receivers and node_of(b) == x for a, b in clean)
         if not (reverse_used or len(receivers) >= 2):
             continue
         hits = [f for fs in slow.values() for f in fs]

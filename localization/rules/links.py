@@ -58,29 +58,14 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
     return slow, clean
 
 
-def used_links(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]]) -> set[Link]:
-    """Links that carried traffic since the slowness was first seen (an observation ending
-    after the earliest slow hit's start, plus the skew bound) without being persistently
-    slow: clean, or slow now and then (a starved host's receive side: x1.0-x2.5). Weaker
-    than clean evidence, and meant to be: a link that is used and not persistently slow
-    rules out a fault on it (a downlink, a path both ways), whatever its few samples say;
-    a data-parallel ring that runs once a step leaves few samples after the median."""
-    if not slow:
-        return set()
-    since = min(f.start_ns for fs in slow.values() for f in fs) + p.clock_skew_ns
-    return {key for key, obs in ev.links.obs.items() if key not in slow and obs and obs[-1].end_ns >= since}
-
-
 def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
-    slow, clean = link_state(ev, p)
-    return slow_link_hypotheses(slow, clean, p, used=used_links(ev, p, slow))
+    return slow_link_hypotheses(*link_state(ev, p), p)
 
 
 def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
-                         p: LocalizeParams, used: set[Link] | None = None) -> dict[Key, Hypothesis]:
+                         p: LocalizeParams) -> dict[Key, Hypothesis]:
     """The culprit of the slow links, given the link state (slow links with their findings,
-    clean links, and the links used since the slowness began without being persistently
-    slow: ``used_links``, ``clean`` when not given)."""
+    clean links)."""
     if not slow:
         return {}
     pairs = {(node_of(a), node_of(b)) for a, b in slow}
@@ -89,7 +74,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
     hits = [f for fs in slow.values() for f in fs]
     clean_pairs = {(node_of(a), node_of(b)) for a, b in clean}
 
-    host = host_hypothesis(slow, clean, p, used)
+    host = host_hypothesis(slow, clean, p)
     if host:
         return host
     senders = {s for s, _ in pairs}
