@@ -62,6 +62,13 @@ def make_hypothesis(p: LocalizeParams, kind: str, level: str, nodes: tuple[str, 
 
 
 _NO_DATA = frozenset({"no_epoch_data"})
+_LINK_KINDS = frozenset({"network-slow", "host-contention", "path"})
+
+
+def on_slow_link(ev: Evidence, nodes: tuple[str, ...]) -> bool:
+    """Whether one of ``nodes`` is an end of a link with ``persist_ops`` slow observations
+    in its window."""
+    return any(node_of(a) in nodes or node_of(b) in nodes for a, b in ev.links.hot)
 
 
 class DecisionBook:
@@ -139,7 +146,10 @@ class DecisionBook:
             if key in hyps:
                 continue
             cur = self.open[key]
-            if touched & set(cur.nodes):
+            if touched & set(cur.nodes) and not (cur.kind in _LINK_KINDS and on_slow_link(ev, cur.nodes)):
+                # an operator is clean for a link fault only once its nodes left the
+                # persistently slow links: a hypothesis that waits for evidence (a once-a-step
+                # ring not sampled since the slowness began) has not seen the fault go
                 cur.clean_run += 1
             if cur.clean_run >= p.clear_ops:
                 del self.open[key]

@@ -219,6 +219,16 @@ def _stalled_on_late_peer(view: OpView, i: int, p: LocalizeParams) -> bool:
     return last >= r.end_ns - p.clock_skew_ns and last - r.t_host_ns >= max(p.late_override_ns, p.late_min_ns)
 
 
+def slow_act_bound(ref: float, epoch: float, p: LocalizeParams) -> float:
+    """The smallest measured ACT that is slow against the reference ``ref``. An ACT counts
+    active epochs, so the time it stands for may be up to an epoch shorter than it says, and
+    the reference's (itself a measured ACT) up to an epoch longer: a record is slow only when
+    even then it is ``act_ratio`` x the reference, (act - epoch) >= act_ratio (ref + epoch).
+    At a few epochs this is what separates a tree relay paced by its subtree (9 epochs at
+    48 us) from a leaf (6) of the same healthy operator; at tens of epochs it is the ratio."""
+    return p.act_ratio * (ref + epoch) + epoch
+
+
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:
     if ref is None or ref <= 0:
         return
@@ -226,8 +236,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
     epoch = float(view.recs[0].epoch_ns)
     if ref < p.min_act_epochs * epoch:
         return
-    ratio = act / ref
-    slow = (ratio >= p.act_ratio) & (act - ref >= p.act_min_epochs * epoch)
+    slow = act >= slow_act_bound(ref, epoch, p)
     top = act >= act.max() - max(epoch, p.act_top_frac * act.max())
     exp = view.col("expected_bytes")
     vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)

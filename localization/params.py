@@ -54,9 +54,6 @@ class LocalizeParams:
     one shape stay within a few percent (an epoch of quantisation, chunk rounding); the
     mildest battery faults (capacity x0.5, 0.5 % loss, a path at x0.5) stretch the
     throttled operators' ACT by far more."""
-    act_min_epochs: int = 2
-    """...and by at least this many epochs (short point-to-point sends span ~6 epochs, so
-    one epoch of quantisation alone is +17 %)."""
     vol_excess: float = 0.02
     """A record that carried this fraction more bytes than expected retransmitted: its
     links lose packets (go-back-N resends whole windows), a network signal on its own."""

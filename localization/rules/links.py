@@ -17,6 +17,8 @@ Physical facts relied on:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
@@ -105,6 +107,14 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         if all(by_path(s, d) for s, d in pairs):
             if len(nic_pairs) < p.path_min_links:
                 return {}  # one NIC pair only: a NIC or a path, wait for more evidence
+            if len(senders) == 1:
+                x = next(iter(senders))
+                if not any(node_of(a) != x and node_of(b) == x for a, b in clean if node_of(a) in covers):
+                    # only x -> y is slow and y -> x is not seen clean yet: x's starved host
+                    # (its proxy posts these sends late; its ring sends keep the ring's pace)
+                    # fits as well as a one-way path, and the host rule needs the reverse
+                    # direction to tell them: wait for it
+                    return {}
             return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
         if len(nic_pairs) < 2:
             return {}  # both directions of one NIC pair: either NIC or the path, wait
@@ -116,11 +126,65 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
         return {}
-    remaining = set(pairs)
-    group: list[str] = []
-    while remaining and len(group) < p.max_group:
-        best = max(nodes_in, key=lambda n: sum(n in pair for pair in remaining))
-        group.append(best)
-        remaining = {pair for pair in remaining if best not in pair}
-    grp = tuple(sorted(group))
+    suspects = record_suspects(hits)
+    if len(suspects) == 1:
+        # A record that sends to several peers (a tree relay, a full mesh) is slow, or
+        # resends, because of *one* of its links, not all: its finding marks every link
+        # it crossed. The one node in every slow record's {sender} + peers is the only
+        # single node that explains them all.
+        x = next(iter(suspects))
+        return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+    sets = {frozenset({f.node} | {node_of(e) for e in f.peer_eps}) for f in hits} or {frozenset(k) for k in pairs}
+    nodes = sorted(set().union(*sets))
+    grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
+    if grp is None:
+        return {}  # several smallest sets explain the slow links alike: naming one would be a guess
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
+
+
+def record_suspects(hits: list[Finding]) -> set[str]:
+    """Nodes present in every slow record's {its node} + {the nodes it sends to}."""
+    sets = [{f.node} | {node_of(e) for e in f.peer_eps} for f in hits]
+    return set.intersection(*sets) if sets else set()
+
+
+def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str]) -> set[str]:
+    """Nodes whose part in the slow links is seen healthy elsewhere: a node that only sends
+    on them while sending cleanly to a node outside them (its NIC, uplink and host work), or
+    only receives on them while receiving cleanly from one (its downlink works). Pipeline
+    sends into two congested downlinks (battery switch-congestion: node-06 -> node-02,
+    node-07 -> node-03) are covered by the receivers, the senders or one of each alike; the
+    senders' clean ring sends leave the receivers."""
+    out = set()
+    for x in nodes:
+        sends = any(a == x for a, _ in pairs)
+        gets = any(b == x for _, b in pairs)
+        partners = {b for a, b in pairs if a == x} | {a for a, b in pairs if b == x}
+        ok_out = any(a == x and b not in partners for a, b in clean_pairs)
+        ok_in = any(b == x and a not in partners for a, b in clean_pairs)
+        if (sends or gets) and (not sends or ok_out) and (not gets or ok_in):
+            out.add(x)
+    return out
+
+
+def unique_cover(sets: Iterable[Iterable[str]], nodes: list[str], max_group: int,
+                 exclude: set[str] | None = None) -> tuple[str, ...] | None:
+    """The smallest set of nodes meeting every slow record's {its node} + {the nodes it
+    sends to} (for a ring record: its one link), when it is the only one of its size (at
+    most ``max_group`` nodes); None when none or several are. Three nodes whose records all
+    resend to each other (a lossy link under a 3-rank tree, where every rank sends to both
+    others) are each one such set: the records do not say which, and a guess names a
+    healthy node."""
+    from itertools import combinations
+
+    want = [frozenset(s) for s in sets]
+    for k in range(1, max_group + 1):
+        found = [c for c in combinations(nodes, k) if all(not s.isdisjoint(c) for s in want)]
+        if found and exclude:
+            # covers holding a node whose part is seen healthy elsewhere are not explanations
+            found = [c for c in found if not exclude & set(c)]
+            if not found:
+                return None
+        if found:
+            return found[0] if len(found) == 1 else None
+    return None

@@ -11,7 +11,9 @@ Physical facts relied on:
   all of them, with most of its own rail-late records on one NIC, has the stalling NIC.
   Two nodes present in all of them are the two ends of one stalled link: an end whose
   NIC moved bytes with a third party while the link was silent was up, so the other end
-  is the culprit (else both are reported as a group).
+  is the culprit. When nothing tells the ends apart nobody is named: the pair would blame
+  a healthy node for one NIC's fault. An end without late records of its own (only sends
+  *into* it stalled) is represented by the NICs those sends went to.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import AlivePoints, Evidence
+from ..evidence import AlivePoints, Evidence, node_of
 from ..observations import RAIL, Finding
 from ..params import LocalizeParams
 from ..robust import median
@@ -84,25 +86,32 @@ def rail_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str]) -> dic
     findings = [f for f, _m in records]
     if not common or len(common) > 2 or set(common) & explained:
         return {}
+    nic_of: dict[str, str] = {}
     for x in common:
         own = [f.endpoint for f in findings if f.node == x]
+        if not own:
+            # no late record of x's own: every stalled send went *into* x (a flap that
+            # phase-locks with the step only ever catches the gradient sends into it);
+            # the NICs they went to are x's end of the stalled links
+            own = [e for f in findings for e in f.peer_eps if node_of(e) == x]
         if not own or Counter(own).most_common(1)[0][1] < p.rail_nic_frac * len(own):
             return {}  # x's late records spread over its NICs: not one NIC (a host)
-    nic_of = {x: Counter(f.endpoint for f in findings if f.node == x).most_common(1)[0][0] for x in common}
+        nic_of[x] = Counter(own).most_common(1)[0][0]
     extra: dict[str, Any] = {}
     if len(common) == 2:
         # the two ends of one stalled link: an end seen moving bytes with a third party
         # while the link was silent was up; the other one stopped
         alive = {x: alive_in(ev.alive, p, nic_of[x], findings) for x in common}
         up = [x for x in common if len(alive[x]) >= p.rail_alive_min]
-        if len(up) == 1 and not alive[common[0] if up[0] == common[1] else common[1]]:
-            extra["alive_during_stall"] = {nic_of[up[0]]: sorted(f"{c}#{s}" for c, s in alive[up[0]])[:8]}
-            common = [x for x in common if x != up[0]]
+        if not (len(up) == 1 and not alive[common[0] if up[0] == common[1] else common[1]]):
+            # nothing on the wire says which end stopped: the pair would name a healthy
+            # node for one NIC's fault, so nobody is named
+            return {}
+        extra["alive_during_stall"] = {nic_of[up[0]]: sorted(f"{c}#{s}" for c, s in alive[up[0]])[:8]}
+        common = [x for x in common if x != up[0]]
     nodes = tuple(common)
-    level = "node" if len(nodes) == 1 else "group"
     nics = sorted(nic_of[x] for x in nodes)
     extra.update({"stalled_nics": nics, "comms": sorted({f.comm_id for f in findings})[:8]})
-    inc = make_hypothesis(p, "network-slow", level, nodes, findings, culprit=nodes[0] if level == "node" else None,
-                        extra=extra)
+    inc = make_hypothesis(p, "network-slow", "node", nodes, findings, culprit=nodes[0], extra=extra)
     inc.nics = nics
     return {("network-slow", nodes): inc}

@@ -27,3 +27,25 @@ def test_confidence_grows_with_the_culprits_operators_and_is_capped():
 def test_ranks_nics_and_first_seen_come_from_the_culprits_own_findings():
     inc = make_hypothesis(LocalizeParams(), "network-slow", "node", ("a",), _fs(3), culprit="a")
     assert inc.ranks == [0] and inc.nics == [ep("a", 1)] and inc.first_seen_ns == 100
+
+
+def test_a_link_incident_is_not_cleared_while_its_node_is_on_a_persistently_slow_link():
+    from pulse.localization.decisions import DecisionBook
+
+    from .findings import evidence, observe
+
+    def clears(still_slow: bool) -> bool:
+        ev, p = evidence()
+        book = DecisionBook(p)
+        observe(ev, ep("x"), ep("y"), [True] * 4)  # evidence held elsewhere: hypotheses are asked
+        hyp = make_hypothesis(p, "host-contention", "node", ("a",), _fs(4), culprit="a")
+        book.decide(ev, {"a"}, "j", False, lambda: {("host-contention", ("a",)): hyp})
+        # the hypothesis waits for evidence now (a receiver not sampled since the slowness began)
+        observe(ev, ep("a"), ep("b"), [still_slow] * 12)
+        out = []
+        for _ in range(p.clear_ops + 2):
+            ev.last_end_ns += p.hypotheses_every_ns
+            out += book.decide(ev, {"a"}, "j", False, dict)
+        return any(v.status == "cleared" for v in out)
+
+    assert clears(False) and not clears(True)

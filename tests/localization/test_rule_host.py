@@ -54,3 +54,4 @@ def test_receivers_not_seen_receiving_cleanly_from_others_is_not_the_host():
     slow, clean = _state()
     clean.discard((ep("d", 1), ep("c", 1)))  # c's downlink may be the problem
     assert host_hypothesis(slow, clean, P) == {}
+

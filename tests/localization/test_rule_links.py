@@ -3,10 +3,17 @@ and the culprit of a given link state."""
 
 from __future__ import annotations
 
+from pulse.localization.observations import ACT
 from pulse.localization.params import LocalizeParams
-from pulse.localization.rules.links import link_state, slow_link_hypotheses
+from pulse.localization.rules.links import (
+    exonerated,
+    link_state,
+    record_suspects,
+    slow_link_hypotheses,
+    unique_cover,
+)
 
-from .findings import MS, ep, evidence, observe, slow_link
+from .findings import MS, ep, evidence, finding, observe, slow_link
 
 P = LocalizeParams()
 
@@ -88,8 +95,71 @@ def test_two_nodes_without_clean_traffic_elsewhere_wait():
 
 
 def test_no_node_on_every_link_is_the_smallest_covering_group():
-    pairs = [("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")]
+    # two slow senders on two links each: only {a, d} touches all four
+    pairs = [("a", "b"), ("a", "c"), ("d", "e"), ("d", "f")]
     slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in pairs}
     got = slow_link_hypotheses(slow, set(), P)
     assert list(got) == [("path", ("a", "d"))]
-    assert list(slow_link_hypotheses(slow, set(), LocalizeParams(max_group=1))) == [("path", ("a",))]
+    # a group that does not cover every slow link is not an answer
+    assert slow_link_hypotheses(slow, set(), LocalizeParams(max_group=1)) == {}
+
+
+def test_several_smallest_covers_name_nobody():
+    # a cycle a -> b -> d -> c -> a is covered by {a, d} and by {b, c} alike
+    pairs = [("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")]
+    slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in pairs}
+    assert slow_link_hypotheses(slow, set(), P) == {}
+    assert unique_cover([("a", "b"), ("c", "a"), ("b", "d"), ("d", "c")], ["a", "b", "c", "d"], 4) is None
+    assert unique_cover([("a", "b", "c"), ("b", "c", "d")], ["a", "b", "c", "d"], 4) is None  # b or c
+    assert unique_cover([("a", "b"), ("b", "c")], ["a", "b", "c"], 4) == ("b",)
+
+
+def _tree3(lossy: str | None, third: bool = False) -> dict:
+    """A 3-rank tree (every rank sends to both others) whose records all resent; with
+    ``third``, the lossy node's pipeline send to d resent too."""
+    nodes = ("a", "b", "c")
+    slow = {}
+    for x in nodes:
+        peers = tuple(ep(y) for y in nodes if y != x)
+        fs = [finding(ACT, x, seq=i, value=1.4, metric="volume_ratio", start=i * MS, end=i * MS + 1, to=peers)
+              for i in range(4)]
+        for d in peers:
+            slow[(ep(x), d)] = fs
+    if third and lossy:
+        slow[(ep(lossy), ep("d"))] = [finding(ACT, lossy, comm="pp", seq=i, value=1.4, metric="volume_ratio",
+                                              start=i * MS, end=i * MS + 1, to=(ep("d"),)) for i in range(4)]
+    return slow
+
+
+def test_resending_records_of_a_full_mesh_name_nobody_until_one_node_explains_them_all():
+    # each record resends on one of its links; from records that all reach all three nodes
+    # any two of them cover every link: naming two is a guess that blames a healthy node
+    assert record_suspects([f for fs in _tree3(None).values() for f in fs]) == {"a", "b", "c"}
+    assert slow_link_hypotheses(_tree3(None), set(), P) == {}
+    # c's own send to a fourth node resends too: c is in every slow record, the only
+    # single node that explains them all
+    got = slow_link_hypotheses(_tree3("c", third=True), set(), P)
+    assert list(got) == [("network-slow", ("c",))]
+
+
+def test_a_one_way_slowdown_names_no_path_until_the_reverse_is_seen_clean():
+    # a -> b slow on two NIC pairs, both talk cleanly with third nodes, b -> a not seen yet:
+    # a's starved host fits as well as a one-way path
+    slow = {(ep("a", k), ep("b", k)): slow_link(ep("a", k), ep("b", k)) for k in (0, 1)}
+    clean = {(ep("a", 2), ep("c", 2)), (ep("c", 2), ep("b", 2))}
+    assert slow_link_hypotheses(slow, clean, P) == {}
+    # b -> a seen clean: only a's sends are slow, on two NICs, the host rule tells them apart
+    got = slow_link_hypotheses(slow, clean | {(ep("b", 3), ep("a", 3))}, P)
+    assert list(got) == [("host-contention", ("a",))]
+
+
+def test_pipeline_sends_into_two_congested_downlinks_name_the_receivers():
+    # f -> b and g -> c slow (b's and c's downlinks under one congested leaf): the receivers,
+    # the senders or one of each cover them alike; f and g send cleanly to others (their
+    # uplinks work) while b and c are not seen receiving cleanly: the receivers
+    slow = {(ep("f", k), ep("b", k)): slow_link(ep("f", k), ep("b", k)) for k in (0, 1)}
+    slow |= {(ep("g", k), ep("c", k)): slow_link(ep("g", k), ep("c", k)) for k in (0, 1)}
+    clean = {(ep("f", 2), ep("h", 2)), (ep("g", 2), ep("h", 2))}
+    assert list(slow_link_hypotheses(slow, clean, P)) == [("path", ("b", "c"))]
+    assert exonerated({("f", "b"), ("g", "c")}, {("f", "h"), ("g", "h")}, ["b", "c", "f", "g"]) == {"f", "g"}
+    assert slow_link_hypotheses(slow, set(), P) == {}  # nothing exonerates anybody: a guess

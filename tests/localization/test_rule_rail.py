@@ -102,4 +102,27 @@ def test_two_ends_the_one_moving_bytes_during_the_silence_was_up():
     assert list(got) == [("network-slow", (B,))]
     assert got[("network-slow", (B,))].extra["alive_during_stall"] == {ep(A): ["r0#0", "r0#1", "r0#2", "r0#3"]}
     ev, p = ev_with(False)
-    assert list(rail_hypotheses(ev, p, set())) == [("network-slow", (A, B))]
+    # nothing says which end stopped: the pair would name a healthy node, so nobody is named
+    assert rail_hypotheses(ev, p, set()) == {}
+
+
+def test_stalled_sends_only_into_one_end_take_the_nics_they_went_to():
+    # a flap phase-locked with the step catches only B's sends into A's mlx5_2: A has no late
+    # record of its own, its end of the stalled links is the NIC they were sent to
+    def ev_with(alive: bool, into: list[int]):
+        ev, p = evidence()
+        for i, nic in enumerate(into):
+            f = _late(B, i=i)
+            f.peer_eps = (ep(A, nic),)
+            ev.rail.records.append((f, frozenset({A, B})))
+            if alive:  # B's NIC moves bytes in another communicator inside the silent interval
+                t = i * 100 * MS + 12 * MS
+                ev.alive.note(synth.record("other", i, 1, 1, kind="AllReduce", nranks=2, start=t, end=t + MS // 2,
+                                           t_host=t, nic="mlx5_0"))
+        ev.last_end_ns = 400 * MS
+        return ev, p
+    ev, p = ev_with(True, [2, 2, 2, 2])
+    got = rail_hypotheses(ev, p, set())
+    assert list(got) == [("network-slow", (A,))] and got[("network-slow", (A,))].nics == [ep(A, 2)]
+    assert rail_hypotheses(*ev_with(False, [2, 2, 2, 2]), set()) == {}
+    assert rail_hypotheses(*ev_with(True, [0, 1, 2, 3]), set()) == {}  # into all of A's NICs: not one NIC

@@ -1,0 +1,51 @@
+"""The slow-ACT bound (localization/observations.py, ``slow_act_bound``) is derived from the
+epoch quantisation of ACT, and a healthy tree operator's relays are not slow by it."""
+
+from __future__ import annotations
+
+from pulse.localization.observations import Judgement, OpView, _judge_act, slow_act_bound
+from pulse.localization.params import LocalizeParams
+
+from pulse.records import OpMetrics
+
+P = LocalizeParams()
+E = 48_000  # 48 us epochs (sweep 1 #22: a healthy tree AllReduce)
+
+
+def test_the_bound_allows_one_epoch_of_quantisation_on_each_side():
+    # (act - epoch) >= act_ratio (ref + epoch): a relay at 9 epochs against leaves at 6 is
+    # within it, 11 epochs is not
+    b = slow_act_bound(6 * E, E, P)
+    assert b == P.act_ratio * 7 * E + E
+    assert 9 * E < b <= 11 * E
+    # at tens of epochs it is the ratio (the epoch terms are a few per cent of it)
+    long = slow_act_bound(100 * E, E, P)
+    assert P.act_ratio * 100 * E < long < 1.03 * P.act_ratio * 100 * E
+    # finer epochs, the same times: the margin shrinks with the epoch (derived, not fixed)
+    assert slow_act_bound(6 * E, E // 4, P) < b
+    assert slow_act_bound(6 * E, E, LocalizeParams(act_ratio=1.5)) > b
+
+
+def _view(acts_epochs: list[int], *, vol: list[float] | None = None) -> OpView:
+    n = len(acts_epochs)
+    recs = [OpMetrics(job="j", node=f"n{i}", comm_id="c", seq=0, rank=i, kind="AllReduce", nranks=n,
+                      start_ns=0, end_ns=a * E, duration_ns=a * E, act_ns=a * E,
+                      volume_bytes=int(4096 * (vol[i] if vol else 1.0)), expected_bytes=4096, complete=True,
+                      active_rate=1.0, flows=2, epoch_ns=E)
+             for i, a in enumerate(acts_epochs)]
+    eps = [f"n{i}/mlx5_0" for i in range(n)]
+    peers = [tuple(e for j, e in enumerate(eps) if j != i) for i in range(n)]
+    return OpView("c", 0, "AllReduce", {i: f"n{i}" for i in range(n)}, recs, eps, peers, [False] * n)
+
+
+def test_a_healthy_tree_operator_marks_its_relays_clean():
+    out = Judgement()
+    _judge_act(_view([6, 9, 9, 6]), P, 6.0 * E, out)
+    assert out.links and not any(lk.slow for lk in out.links) and not out.findings
+
+
+def test_a_relay_twice_as_long_as_the_leaves_is_slow():
+    out = Judgement()
+    _judge_act(_view([6, 14, 9, 6]), P, 6.0 * E, out)
+    assert [f.node for f in out.findings] == ["n1"]
+    assert {lk.src for lk in out.links if lk.slow} == {"n1/mlx5_0"}
