@@ -36,7 +36,7 @@ import orjson
 
 from pulse import events as _events
 from pulse import samples as _samples
-from pulse.cli_types import count
+from pulse.cli_types import InDir, count
 from pulse.errors import ConfigError
 
 from .state import _pack
@@ -316,7 +316,7 @@ def _sizes(text: str) -> list[int]:
               help="Job sizes (GPUs, 8 per node, 8 NICs per node).")
 @click.option("--steps", type=count(2, 1000), default=4, show_default=True,
               help="Training steps simulated per size.")
-@click.option("--trace", "trace", type=click.Path(exists=True, file_okay=False), default=None,
+@click.option("--trace", "trace", type=InDir(), default=None,
               help="Measure this trace directory instead of simulating (one size: --gpus N).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
 def bench_scale(gpus_text: str, steps: int, trace: str | None, as_json: bool) -> None:
