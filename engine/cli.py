@@ -54,11 +54,16 @@ def _print_insufficient(console: Any, title: str, verdicts: list[Verdict]) -> No
             console.print(f"[yellow]{title}: insufficient data[/] for {', '.join(v.nodes)}: {why}")
 
 
-def _print_incidents(console: Any, incidents: list[Incident], n_verdicts: int) -> None:
+def _print_incidents(console: Any, incidents: list[Incident], n_verdicts: int, network_only: bool = False) -> None:
     """The incidents of a run, one block each (its final state and evidence)."""
     latest: dict[str, Incident] = {}
     for inc in incidents:
         latest[inc.id] = inc
+    if not latest and network_only:
+        # not a clean bill of health: only the links' rates were judged
+        console.print(f"[bold yellow]pulse: no slow link found from the traffic alone[/] ({n_verdicts} verdicts; "
+                      "network-only: compute faults, stops and lateness were not judged)")
+        return
     if not latest:
         console.print(f"[bold green]pulse: no incident[/] ({n_verdicts} verdicts, none anomalous)")
         return
@@ -138,7 +143,7 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
     if show_verdicts:
         _print_verdicts(console, "pulse", res.verdicts)
     else:
-        _print_incidents(console, res.incidents, len(res.verdicts))
+        _print_incidents(console, res.incidents, len(res.verdicts), res.network_only)
         _print_insufficient(console, "pulse", res.verdicts)
     if res.baseline is not None:
         _print_verdicts(console, "baseline", res.baseline)

@@ -66,6 +66,11 @@ def test_sigkill_leaves_a_readable_prefix_marked_incomplete(tmp_path: Path) -> N
     list(r.batches(tolerate_truncation=True, stats=stats))  # a prefix, never an error
     res = subprocess.run([sys.executable, "-c", "from pulse.cli import run; run()", "diagnose", str(out)],
                          capture_output=True, text=True, timeout=300)
-    # traffic without operator descriptors: nothing to judge, and the trace says why
-    assert res.returncode == 1 and "did not finish" in res.stderr and "no incident" not in res.stderr, res.stderr
-    assert res.stderr.count("\n") == 1
+    # traffic without operator descriptors: network-only mode, said so, the trace's state
+    # said, and no healthy-sounding answer (only links were judged, on a cut trace)
+    if res.returncode == 1:  # too little traffic to infer anything from
+        assert "did not finish" in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    else:
+        assert res.returncode == 0 and "network-only mode" in res.stderr, res.stderr
+        assert "incomplete trace" in res.stderr
+    assert "no incident" not in res.stderr, res.stderr
