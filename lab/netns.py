@@ -10,6 +10,7 @@ deletes its veths, qdiscs and nft tables), which also runs on failure.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import os
 import shutil
 import subprocess
@@ -18,6 +19,9 @@ from pathlib import Path
 from pulse.errors import ConfigError, ServiceError
 
 SUBNET = "10.231.0"
+LOCK_DIR = Path("/run/pulse-lab")
+"""One lock file per namespace prefix, held (flock) for the network's lifetime: the kernel
+drops it when its owner dies, so a prefix whose lock is free has only stale namespaces."""
 
 
 def run(cmd: list[str], *, check: bool = True, input_text: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -54,6 +58,7 @@ class LabNetwork:
             LabNode(i, f"node-{i:02d}", f"{prefix}-n{i}", f"{SUBNET}.{10 + i}") for i in range(n_nodes)
         ]
         self._created: list[str] = []
+        self._lock: int | None = None
 
     def __enter__(self) -> LabNetwork:
         try:
@@ -66,8 +71,22 @@ class LabNetwork:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _take_prefix(self) -> None:
+        """Own the prefix, or refuse: deleting the namespaces of a live run (two labs, or a
+        test beside ``pulse lab``) pulls the network from under its job and capture."""
+        LOCK_DIR.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(LOCK_DIR / f"{self.prefix}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise ConfigError(f"another lab run holds the namespaces {self.prefix}-*: wait for it to end "
+                              "(it deletes them) or give this one another prefix") from None
+        self._lock = fd
+
     def create(self) -> None:
-        self.cleanup_stale(self.prefix)
+        self._take_prefix()
+        self.cleanup_stale(self.prefix)  # a killed earlier run's: its lock died with it
         run(["ip", "netns", "add", self.switch_ns])
         self._created.append(self.switch_ns)
         sw = ["ip", "netns", "exec", self.switch_ns]
@@ -97,6 +116,9 @@ class LabNetwork:
         for ns in reversed(self._created):
             run(["ip", "netns", "del", ns], check=False)
         self._created.clear()
+        if self._lock is not None:
+            os.close(self._lock)  # releases the prefix
+            self._lock = None
 
     @staticmethod
     def cleanup_stale(prefix: str) -> None:
