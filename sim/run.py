@@ -196,9 +196,7 @@ def _truth(job: Job, res: RunResult, qpn: np.ndarray, offsets: np.ndarray, culpr
     K = cfg.nics_per_node
     epoch = rc.epoch_ns
     # segments whose sender issued the operator
-    seg_sp = np.array([job.ops[o].parts[int(job.conns[c][2])] for o, c in zip(job.seg_op.tolist(), job.seg_conn.tolist(), strict=True)],
-                      dtype=np.int64)
-    keep = np.flatnonzero(res.part_issue[seg_sp] >= 0)
+    keep = np.flatnonzero(res.part_issue[job.seg_sp] >= 0)
     conn = job.seg_conn[keep]
     node = job.conn_src_node[conn]
     off = offsets[node]
