@@ -26,7 +26,7 @@ import heapq
 import os
 import stat
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -50,10 +50,26 @@ TRACE_ENTRIES = ("meta.json", "samples", "hook-events.jsonl", "oplevel.jsonl", "
 """What a :class:`TraceWriter` puts in its directory (and all that ``replace`` removes)."""
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def _truth_pieces(truth: dict[str, Any], key: str, columns: dict[str, Callable[[], Any]]) -> Iterator[bytes]:
+    opt = orjson.OPT_INDENT_2
+    head = orjson.dumps({**truth, key: {}}, option=opt)
+    tail = b"{}\n}"
+    if not head.endswith(tail) or not columns:
+        yield orjson.dumps({**truth, key: {name: make() for name, make in columns.items()}}, option=opt)
+        return
+    yield head[:-len(tail)] + b"{\n"
+    for i, (name, make) in enumerate(columns.items()):
+        # a column nested two levels down: orjson's own layout, indented by 4 more spaces
+        body = orjson.dumps(make(), option=opt).replace(b"\n", b"\n    ")
+        yield b"    " + orjson.dumps(name) + b": " + body + (b",\n" if i < len(columns) - 1 else b"\n")
+    yield b"  }\n}"
+
+
+def _write_atomic(path: Path, data: bytes | Iterable[bytes]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as fh:
-        fh.write(data)
+        for piece in [data] if isinstance(data, bytes) else data:
+            fh.write(piece)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -147,6 +163,12 @@ class TraceWriter:
 
     def write_truth(self, truth: dict[str, Any]) -> None:
         _write_atomic(self.path / "truth.json", orjson.dumps(truth, option=orjson.OPT_INDENT_2))
+
+    def write_truth_columns(self, truth: dict[str, Any], key: str, columns: dict[str, Callable[[], Any]]) -> None:
+        """``write_truth`` of ``{**truth, key: {name: make() for name, make in columns}}``, the
+        same bytes, with each column made, serialized and freed in turn: a simulator's truth
+        has a column entry per segment (millions), too many to hold as Python objects at once."""
+        _write_atomic(self.path / "truth.json", _truth_pieces(truth, key, columns))
 
     def _files(self) -> list[IO[bytes]]:
         return [*self._nic_files.values(), self._events, *([self._oplevel] if self._oplevel else [])]

@@ -42,6 +42,7 @@ from pulse.sim.kernel_state import (
     _flush,
     _retire,
 )
+from pulse.sim.messages import Window
 from pulse.sim.workload import Job
 
 RowSink = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, "int | None"], None]
@@ -104,17 +105,25 @@ class RunResult:
     hung: bool
     ticks: int = 0
     """Ticks the kernel simulated (quiet stretches jumped over are not counted)."""
+    laid_steps: int = 0
+    """The most steps whose messages were laid out at once."""
 
 
 def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: int,
                progress: Callable[[int, int], None] | None = None, slice_ns: int = 20_000_000,
-               sink: RowSink | None = None, buffer_rows: int | None = None) -> RunResult:
+               sink: RowSink | None = None, buffer_rows: int | None = None,
+               window_steps: int = 1) -> RunResult:
     """Run the kernel in slices of true time; ``progress(t_ns, t_est_ns)`` after each.
 
     With ``sink``, the epoch rows go to it as they are produced (after each slice, and
     whenever the kernel's row buffer fills) and the result holds none, so a run's memory does
     not grow with its length; without, the result holds them all. ``buffer_rows`` (tests)
-    sizes the kernel's row buffer: never what the rows are, only how often they come."""
+    sizes the kernel's row buffer: never what the rows are, only how often they come.
+
+    The job's messages are laid out ``window_steps`` steps ahead of the furthest node and
+    dropped once their step is through (:class:`pulse.sim.messages.Window`), so memory does not
+    grow with the number of steps either; like ``buffer_rows``, the window never changes the
+    run, only how much of the job is laid out at once."""
     cfg = job.rc.cfg
     epoch = job.rc.epoch_ns
     n_nic = cfg.nodes * cfg.nics_per_node
@@ -144,22 +153,18 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     part_end = np.full(Pn, -1, dtype=np.int64)
     part_left = job.part_pending.copy()
     pend = np.zeros(Pn + 1, dtype=np.int64)
-    conn_next = job.conn_lo.copy()
-    conn_txhead = job.conn_lo.copy()
+    conn_next = np.zeros(C, dtype=np.int64)
+    conn_txhead = np.zeros(C, dtype=np.int64)
     conn_prog = np.zeros(C, dtype=np.int64)
     conn_debt = np.zeros(C, dtype=np.int64)
     conn_carry = np.zeros(C)
     conn_wait = np.full(C, -1, dtype=np.int64)
     conn_wake = np.zeros(C, dtype=np.int64)
-    H = len(job.ch_conn)
-    ch_arr = np.full(H, -1, dtype=np.int64)
-    ch_cons = np.full(H, -1, dtype=np.int64)
-    ch_fleft = job.ch_fwd_need.copy()
     S = len(job.seg_conn)
     seg_first = np.full(S, -1, dtype=np.int64)
     seg_last = np.full(S, -1, dtype=np.int64)
     seg_tx = np.zeros(S, dtype=np.int64)
-    seg_left = job.seg_nchunks.copy()
+    seg_left = job.seg_nchunks.astype(np.int64)
     live = np.zeros(C, dtype=np.int64)
     is_live = np.zeros(C, dtype=np.bool_)
     nq = 2 * C
@@ -186,24 +191,39 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     est = max(int(job.est_step_ns * cfg.steps), 1)
     min_shift = int(qa[:, 4].min()) if nq else 0
 
+    T = len(job.steps)
+    if not (job.step_last[:-1] >= 0).all():
+        window_steps = T  # no step boundary the run can stop at: the whole job at once
+    win = Window(job.steps, C, S)
+    win.move(0, min(max(window_steps, 1), T), (conn_next, conn_txhead))
+    prog_stop = _prog_stop(job, win.b)
+    laid = win.b - win.a
+
     t_stop = int(st[S_T]) + slice_ns
     while st[S_DONE] == 0:
+        w = win.arrays
         _kernel(t_stop, st, rng, P, FP,
                 job.conn_src_node, job.conn_dst_node, job.conn_src_nic, job.conn_dst_nic,
-                job.conn_lo, job.conn_hi, job.part_prev, job.cts_lo, job.cts_hi, job.cts_conn, job.cts_count,
+                win.lo, win.hi, job.part_prev, job.cts_lo, job.cts_hi, job.cts_conn, job.cts_count,
                 job.ps_lo, job.ps_hi, job.ps_conn,
                 job.group_lo, job.group_hi, job.group_parts, job.prog_lo, job.prog_hi,
                 job.instr_type, job.instr_arg, job.instr_jit,
-                job.ch_conn, job.ch_bytes, job.ch_sp, job.ch_rp, job.ch_dep, job.ch_fwd, job.ch_credit,
-                job.ch_arrive_consume, job.ch_grants, job.ch_seg, job.ch_dep2, job.ch_fwd2, job.seg_wake,
+                w["ch_conn"], w["ch_bytes"], w["ch_sp"], w["ch_rp"], w["ch_dep"], w["ch_fwd"], w["ch_credit"],
+                w["ch_arrive_consume"], w["ch_grants"], w["ch_seg"], w["ch_dep2"], w["ch_fwd2"], win.seg_wake,
+                win.seg0, prog_stop,
                 an.nic_tx_f, an.nic_rx_f, an.nic_loss, an.nic_flap, an.nic_burst, an.conn_grp, an.grp_cap,
                 an.node_cf, an.node_hang, an.node_cpu,
                 node_pc, node_busy, part_issue, part_start, part_end, part_left, pend,
                 conn_next, conn_txhead, conn_prog, conn_debt, conn_carry, conn_wait, conn_wake,
-                ch_arr, ch_cons, ch_fleft, seg_first, seg_last, seg_tx, seg_left, live, is_live,
+                w["ch_arr"], w["ch_cons"], w["ch_fleft"], seg_first, seg_last, seg_tx, seg_left, live, is_live,
                 qa, orow,
                 ntx, nrx, txcap, rxcap, usedtx, usedrx, active, rate, crate, gcnt)
+        del w
         done = st[S_DONE] != 0
+        if not done:
+            _slide(win, job, node_pc, part_end, (conn_next, conn_txhead))
+            prog_stop = _prog_stop(job, win.b)
+            laid = max(laid, win.b - win.a)
         if done:
             _flush(qa, orow, st)
         else:
@@ -228,4 +248,30 @@ def run_engine(job: Job, an: Anomaly, node_off: np.ndarray, eoff_ns: int, seed: 
     return RunResult(part_issue=part_issue, part_start=part_start, part_end=part_end,
                      seg_first=seg_first, seg_last=seg_last, seg_tx=seg_tx, seg_left=seg_left,
                      rows_q=rq, rows_e=re_, rows_tx=rtx, rows_rx=rrx, t_end_ns=int(st[S_T]),
-                     hung=bool(st[S_DONE] == 2), ticks=int(st[S_TICKS]))
+                     hung=bool(st[S_DONE] == 2), ticks=int(st[S_TICKS]),
+                     laid_steps=laid)
+
+
+def _prog_stop(job: Job, b: int) -> np.ndarray:
+    """Per node, the instruction at which the run must stop for step ``b`` to be laid out."""
+    if b >= len(job.steps):
+        return np.full(len(job.prog_lo), 1 << 62, dtype=np.int64)
+    return job.step_last[b - 1]
+
+
+def _slide(win: Window, job: Job, node_pc: np.ndarray, part_end: np.ndarray,
+           cursors: tuple[np.ndarray, ...]) -> None:
+    """Drop the window's finished steps, and lay out the next step once a node is at the
+    last instruction of the window's last one."""
+    T = len(job.steps)
+    a, b = win.a, win.b
+    # a step is through when all its parts ended (then all its messages arrived, and were
+    # consumed: a forwarding message is posted before it arrives)
+    while a < b and (part_end[job.step_parts[a - 1] if a else 0:job.step_parts[a]] >= 0).all() \
+            and win.step_done(a):
+        a += 1
+    stop = _prog_stop(job, b)
+    if b < T and (node_pc >= stop).any():
+        b += 1
+    if (a, b) != (win.a, win.b):
+        win.move(a, b, cursors)

@@ -5,6 +5,7 @@ ends or hangs, or when its row buffer is nearly full, and resumes from its state
 from __future__ import annotations
 
 import numba
+from pulse.sim.builder import COMPUTE, ISSUE
 from pulse.sim.kernel_state import (
     BURST_BLOCK_NS,
     BURST_LEFT,
@@ -40,7 +41,6 @@ from pulse.sim.kernel_state import (
     _poisson,
     _rec,
 )
-from pulse.sim.workload import COMPUTE, ISSUE
 
 
 @numba.njit(cache=True)
@@ -50,7 +50,7 @@ def _kernel(t_stop, st, rng, P, FP,
             part_prev, cts_lo, cts_hi, cts_conn, cts_count, ps_lo, ps_hi, ps_conn,
             group_lo, group_hi, group_parts, prog_lo, prog_hi, instr_type, instr_arg, instr_jit,
             ch_conn, ch_bytes, ch_sp, ch_rp, ch_dep, ch_fwd, ch_credit, ch_arrive_consume, ch_grants, ch_seg,
-            ch_dep2, ch_fwd2, seg_wake,
+            ch_dep2, ch_fwd2, seg_wake, conn_seg0, prog_stop,
             # anomaly
             nic_tx_f, nic_rx_f, nic_loss, nic_flap, nic_burst, conn_grp, grp_cap, node_cf, node_hang,
             node_cpu,
@@ -89,6 +89,15 @@ def _kernel(t_stop, st, rng, P, FP,
             break
         if t >= t_limit:
             st[S_DONE] = 2
+            break
+        # a node at the last instruction of the window's last step (a compute it cannot pass
+        # this tick) may issue the next step's operators from the next tick on: stop, still
+        # before this tick changes anything, for the driver to lay out the next step
+        ahead = False
+        for n in range(n_nodes):
+            if node_pc[n] >= prog_stop[n]:
+                ahead = True
+        if ahead:
             break
         act = False
         st[S_TICKS] += 1
@@ -346,8 +355,9 @@ def _kernel(t_stop, st, rng, P, FP,
                     budget -= pay
                     wire += pay
                     hs = h if h < conn_next[c] else h - 1
-                    if hs >= conn_lo[c]:
-                        sg = ch_seg[hs]
+                    # the message resent belongs to a dropped step: its segment is kept
+                    sg = ch_seg[hs] if hs >= conn_lo[c] else conn_seg0[c]
+                    if sg >= 0:
                         seg_tx[sg] += pay
                         seg_last[sg] = t
                 while budget > 0 and conn_txhead[c] < conn_next[c]:

@@ -83,7 +83,7 @@ def simulate(config: SimConfig, out: str | Path,
         nb, nrows = stream.finish(last_e)
         _write_events(w, job, res, qpn, offsets)
         _write_oplevel(w, job, res, offsets)
-        w.write_truth(_truth(job, res, qpn, offsets, culprit, onset, t_grid0, eoff, fault_end))
+        w.write_truth_columns(*_truth(job, res, qpn, offsets, culprit, onset, t_grid0, eoff, fault_end))
         events = w.events_written
     issued = int((res.part_issue >= 0).sum())
     return SimSummary(
@@ -190,15 +190,14 @@ def _write_oplevel(w: TraceWriter, job: Job, res: RunResult, offsets: np.ndarray
 
 
 def _truth(job: Job, res: RunResult, qpn: np.ndarray, offsets: np.ndarray, culprit: Culprit, onset: int,
-           t_grid0: int, eoff: int, fault_end: int | None = None) -> dict[str, Any]:
+           t_grid0: int, eoff: int, fault_end: int | None = None
+           ) -> tuple[dict[str, Any], str, dict[str, Callable[[], Any]]]:
     rc: ResolvedConfig = job.rc
     cfg = rc.cfg
     K = cfg.nics_per_node
     epoch = rc.epoch_ns
     # segments whose sender issued the operator
-    seg_sp = np.array([job.ops[o].parts[int(job.conns[c][2])] for o, c in zip(job.seg_op.tolist(), job.seg_conn.tolist(), strict=True)],
-                      dtype=np.int64)
-    keep = np.flatnonzero(res.part_issue[seg_sp] >= 0)
+    keep = np.flatnonzero(res.part_issue[job.seg_sp] >= 0)
     conn = job.seg_conn[keep]
     node = job.conn_src_node[conn]
     off = offsets[node]
@@ -208,17 +207,21 @@ def _truth(job: Job, res: RunResult, qpn: np.ndarray, offsets: np.ndarray, culpr
     e_last = (last + off + eoff) // epoch
     start = np.where(sent, t_grid0 + e_first * epoch, -1)
     end = np.where(sent, t_grid0 + (e_last + 1) * epoch, -1)
-    segs = {
-        "node": [node_name(int(n)) for n in node],
-        "nic": [nic_name(int(x) % K) for x in job.conn_src_nic[conn]],
-        "flow": qpn[2 * conn].tolist(),
-        "comm_id": [job.comms[int(job.conns[c][0])].comm_id for c in conn],
-        "seq": [job.ops[int(o)].seq for o in job.seg_op[keep]],
-        "start_ns": [int(s) if ok else None for s, ok in zip(start.tolist(), sent.tolist(), strict=True)],
-        "end_ns": [int(s) if ok else None for s, ok in zip(end.tolist(), sent.tolist(), strict=True)],
-        "bytes": res.seg_tx[keep].tolist(),
-        "expected_bytes": job.seg_bytes[keep].tolist(),
-        "complete": (res.seg_left[keep] == 0).tolist(),
+    # one column at a time (pulse.trace.TraceWriter.write_truth_columns): millions of segments
+    # at the largest shapes
+    nodes = [node_name(n) for n in range(cfg.nodes)]
+    nics = [nic_name(k) for k in range(K)]
+    segs: dict[str, Callable[[], Any]] = {
+        "node": lambda: [nodes[n] for n in node.tolist()],
+        "nic": lambda: [nics[x % K] for x in job.conn_src_nic[conn].tolist()],
+        "flow": lambda: qpn[2 * conn].tolist(),
+        "comm_id": lambda: [job.comms[c].comm_id for c in job.conns[conn, 0].tolist()],
+        "seq": lambda: [job.ops[o].seq for o in job.seg_op[keep].tolist()],
+        "start_ns": lambda: [s if ok else None for s, ok in zip(start.tolist(), sent.tolist(), strict=True)],
+        "end_ns": lambda: [s if ok else None for s, ok in zip(end.tolist(), sent.tolist(), strict=True)],
+        "bytes": lambda: res.seg_tx[keep].tolist(),
+        "expected_bytes": lambda: job.seg_bytes[keep].tolist(),
+        "complete": lambda: (res.seg_left[keep] == 0).tolist(),
     }
     cul_gpus = set(culprit.gpus)
     ranks = sorted({(cm.comm_id, r) for cm in job.comms for r, m in enumerate(cm.members) if m in cul_gpus})
@@ -233,5 +236,4 @@ def _truth(job: Job, res: RunResult, qpn: np.ndarray, offsets: np.ndarray, culpr
         "sim": {"nodes": cfg.nodes, "gpus_per_node": cfg.gpus_per_node, "nics_per_node": K, "pp": cfg.pp,
                 "dp": rc.dp, "steps": cfg.steps, "epoch_ns": epoch, "t0_true_ns": T_BASE_NS,
                 "end_true_ns": T_BASE_NS + res.t_end_ns, "hung": res.hung},
-        "segments": segs,
-    }
+    }, "segments", segs

@@ -8,10 +8,11 @@ import collections
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pulse.sim.builder import Builder
 from pulse.sim.config import SimConfig
 from pulse.sim.engine import Anomaly, RunResult, run_engine
 from pulse.sim.kernel_state import LAT_NS, S_NOUT, _flush, _poisson, _rec
-from pulse.sim.workload import DENSE, Builder, Job, finalize
+from pulse.sim.workload import DENSE, Job, finalize
 
 CAP = 400 / 8  # bytes per ns at 400 Gb/s
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from pulse.segmentation import associate, segment_flows
+from pulse.sim.builder import Builder, tree_chunk_bytes
 from pulse.sim.config import SimConfig
 from pulse.sim.engine import Anomaly
 from pulse.sim.run import simulate
 from pulse.sim.trees import choose_algo, comm_trees, crossover_bytes, double_tree, tree_load
-from pulse.sim.workload import DENSE, MOE, Builder, tree_chunk_bytes
+from pulse.sim.workload import DENSE, MOE
 from test_engine import CAP, _run
 from test_trace import flow_table, flow_totals, true_ops
 
