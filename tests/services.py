@@ -12,10 +12,12 @@ import signal
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+# one copy, in the package: the soak starts these services outside the tests too
+from pulse.streams.soak_services import find_binary as find_binary
+from pulse.streams.soak_services import http_ok as http_ok
 
 from pulse.broker import HOST, free_port
 
@@ -27,26 +29,6 @@ APT_HINT = "apt-get install -y influxdb victoria-metrics (scripts/dev.sh test do
 
 class ServiceStartError(RuntimeError):
     """A test service did not come up (the message quotes its log)."""
-
-
-def find_binary(name: str) -> str | None:
-    """The binary on PATH, or in /usr/bin and /usr/sbin (root's PATH may differ)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin"):
-        p = Path(d) / name
-        if p.is_file():
-            return str(p)
-    return None
-
-
-def http_ok(url: str, timeout: float = 1.0) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return 200 <= resp.status < 300
-    except (OSError, urllib.error.URLError):
-        return False
 
 
 class Service:
