@@ -141,6 +141,8 @@ async def check_kafka(settings: Settings, bootstrap: str, *, timeout_s: float = 
         err = explain(cause, settings, f"{host}:{port}")
         if err is None and cause is not exc:
             err = explain(exc, settings, f"{host}:{port}")
+        if err is None and "SSL" in settings.kafka_security_protocol:
+            err = await _tls_refusal(settings, host, port, timeout_s)
         if err is None and settings.kafka_security_protocol.startswith("SASL"):
             err = await _blame_sasl(settings, host, port, timeout_s)
         if err is not None:
@@ -149,6 +151,46 @@ async def check_kafka(settings: Settings, bootstrap: str, *, timeout_s: float = 
         if conn is not None:
             with contextlib.suppress(Exception):
                 conn.close()
+
+
+# ApiVersions v0 (api key 18), correlation id 1, null client id: the smallest request every
+# Kafka broker answers, so the broker's answer to our TLS client is read, not guessed.
+_API_VERSIONS_V0 = (10).to_bytes(4, "big") + (18).to_bytes(2, "big") + (0).to_bytes(2, "big") + \
+    (1).to_bytes(4, "big") + (-1).to_bytes(2, "big", signed=True)
+
+
+async def _tls_refusal(settings: Settings, host: str, port: int, timeout_s: float) -> ConfigError | None:
+    """With TLS 1.3 the client's handshake ends before the broker has checked the client
+    certificate; a broker that refuses it then sends an alert and closes, and whether the
+    client reads the alert or only the closed socket is a race. Ask once more, reading the
+    answer to one request: an alert, or a close right after a good handshake, is the refusal."""
+    ctx = ssl_context(settings)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port, ssl=ctx, server_hostname=host),
+                                                timeout_s)
+    except ssl.SSLError as exc:
+        return explain(exc, settings, f"{host}:{port}")
+    except Exception:
+        return None  # down or unreachable: not a settings problem
+    try:
+        writer.write(_API_VERSIONS_V0)
+        await asyncio.wait_for(writer.drain(), timeout_s)
+        await asyncio.wait_for(reader.readexactly(4), timeout_s)
+    except ssl.SSLError as exc:
+        return explain(exc, settings, f"{host}:{port}")
+    except (asyncio.IncompleteReadError, ConnectionError):
+        if settings.kafka_security_protocol.startswith("SASL"):
+            return None  # the SASL step may be what the broker refused: _blame_sasl says so
+        return ConfigError(f"PULSE_KAFKA_SSL_CERTFILE={settings.kafka_ssl_certfile}: the broker at {host}:{port} "
+                           "rejected the connection right after the TLS handshake (it requires a client "
+                           "certificate it trusts)")
+    except Exception:
+        return None
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+    return None
 
 
 async def _blame_sasl(settings: Settings, host: str, port: int, timeout_s: float) -> ConfigError | None:

@@ -180,3 +180,19 @@ def test_worker_refuses_a_wrong_ca_in_one_line(pki, tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith("pulse worker ")]
     assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("error: PULSE_KAFKA_SSL_CAFILE="), res.stderr[-2000:]
+
+
+def test_refusal_after_the_tls_handshake_is_read_not_raced(pki, tmp_path):
+    """With TLS 1.3 the broker checks the client certificate after the client's handshake has
+    ended, so the first connection may see only a closed socket (the fresh-clone run once
+    passed a certificate-less client as fine that way); the second look reads the answer
+    to one request, which is the refusal whatever the timing."""
+    from pulse.kafka_security import _tls_refusal
+
+    with tls_broker(tmp_path, pki, client_ca=True) as bootstrap:
+        host, _, port = bootstrap.rpartition(":")
+        none = settings_for(bootstrap, tmp_path, tls_env(pki, client=None))
+        err = asyncio.run(_tls_refusal(none, host, int(port), 10.0))
+        assert err is not None and str(err).startswith("PULSE_KAFKA_SSL_CERTFILE=None: the broker at"), err
+        good = settings_for(bootstrap, tmp_path, tls_env(pki))
+        assert asyncio.run(_tls_refusal(good, host, int(port), 10.0)) is None
