@@ -212,6 +212,10 @@ class Localizer:
                 ev.stops.absent.append(f)
         for i in j.judged:
             ev.missing[ordered[i].node] = 0
+            # its records are back: judge it again (a node missing from the first operators,
+            # a capture that started late, was otherwise exempt for the rest of the job, and
+            # a slow link at it never counted)
+            ev.insufficient.discard(ordered[i].node)
         judge_rails(ev, p, comm, ordered, view.endpoints, view.peer_eps)
         touched = {node_of(e) for e in view.endpoints}
         return self.book.decide(ev, touched, self.job or "", self._final, self._hypotheses)

@@ -631,3 +631,17 @@ def test_a_rank_missing_after_the_traffic_stopped_is_a_victim_not_a_compute_stop
     vs = _pipeline_stop(recv_posted=True, third_party_after=True, cascade_absence=True)
     assert not any(v.kind == "compute-stop" for v in anomalies(vs))
     assert ("network-stop", "node", ("node-03",)) in culprits(vs)
+
+
+def test_a_node_whose_records_come_back_is_judged_again():
+    """Only node-02's records in the first operators (the others' captures started late:
+    the lab's first run on a fresh machine, numba compiling); once their records arrive they
+    must count again, or every link to them stays exempt and node-02's slow NIC is never
+    named."""
+    def late_start_then_slow(comm, seq, r, f):
+        if r != 2 and seq < 5:
+            return None
+        return _nic_slow(comm, seq, r, f)
+    vs = run(late_start_then_slow)
+    assert {n for v in vs if v.status == "insufficient-data" for n in v.nodes} == {"node-00", "node-01", "node-03"}
+    assert culprits(vs) == {("network-slow", "node", ("node-02",))}
