@@ -48,6 +48,9 @@ class SourceStatus:
 
 class Source(threading.Thread):
     name_: str = "source"
+    says_when_up: bool = False
+    """True where run_once calls :meth:`up` itself once it really produces (a capture's
+    kernels compile and its ring opens first: "up" before that let a job start unwatched)"""
 
     def __init__(self, out: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
         super().__init__(name=f"pulse-agent-{self.name_}", daemon=True)
@@ -61,6 +64,9 @@ class Source(threading.Thread):
             self.status.last_ns = time.time_ns()
         self.out.put((kind, payload))
 
+    def up(self) -> None:
+        self.status.state = "up"
+
     def run(self) -> None:
         first = True
         while not self.halt.is_set():
@@ -68,7 +74,7 @@ class Source(threading.Thread):
                 self.status.restarts += 1
             first = False
             try:
-                self.status.state, self.status.error = "up", None
+                self.status.state, self.status.error = ("starting" if self.says_when_up else "up"), None
                 self.run_once()
                 if self.halt.is_set():
                     break
@@ -106,6 +112,7 @@ class CaptureSource(Source):
     """Live per-flow epochs of one interface (:func:`pulse.nic.live.capture_live`)."""
 
     name_ = "capture"
+    says_when_up = True
 
     def __init__(self, out: queue.Queue[tuple[str, Any]], stop: threading.Event, *, iface: str, node: str,
                  local: list[str], epoch_ns: int, window_ns: int, netns: str | None = None,
@@ -114,6 +121,10 @@ class CaptureSource(Source):
         self.iface, self.node, self.local, self.job, self.snaplen = iface, node, local, job, snaplen
         self.epoch_ns, self.window_ns, self.netns = epoch_ns, window_ns, netns
         self.ready = threading.Event()
+
+    def _ready(self) -> None:
+        self.up()
+        self.ready.set()
 
     def run_once(self) -> None:
         from pulse.nic.live import capture_live
@@ -152,7 +163,7 @@ class CaptureSource(Source):
 
         self._base = {k: v for k, v in self.status.extra.items() if isinstance(v, int)}
         capture_live(self.iface, out=None, epoch_ns=self.epoch_ns, window_ns=self.window_ns, local=self.local,
-                     node=self.node, job=self.job, publisher=emit, stop=stop, on_window=window, ready=self.ready.set,
+                     node=self.node, job=self.job, publisher=emit, stop=stop, on_window=window, ready=self._ready,
                      snaplen=self.snaplen)
 
 
