@@ -70,9 +70,14 @@ class AgentConfig:
 
 
 class Agent:
-    def __init__(self, settings: Settings, cfg: AgentConfig) -> None:
+    def __init__(self, settings: Settings, cfg: AgentConfig, *, segmenter: Any = None) -> None:
+        """``segmenter``: the edge option (:class:`pulse.streams.edge.EdgeSegmenter`, given
+        by the CLI: producers do not import the engine): the node's own hook events and epoch
+        batches are segmented here, and only its operator metrics (with what the job's
+        localizer is forwarded) go out, on the op-metrics topic."""
         self.settings = settings
         self.cfg = cfg
+        self.segmenter = segmenter
         self.stop = threading.Event()
         self.queue: queue.Queue[tuple[str, Any]] = queue.Queue(MAX_QUEUE)
         self.join = TcpJoin(cfg.node, cfg.local, gate=bool(cfg.iface))
@@ -131,6 +136,8 @@ class Agent:
                 src.join(timeout=10)
             self._drain(timeout=0)
             self._tick()
+            if self.segmenter is not None:  # the node's input ends: close its open operators
+                self._publish_edge(self.segmenter.finish())
             final = self._health(final=True)
             self._pub.close(drain_timeout_s=30.0)
             final["publisher"] = self._publisher_stats()
@@ -212,7 +219,16 @@ class Agent:
             self.last_batch_end_ns = end if self.last_batch_end_ns is None else max(self.last_batch_end_ns, end)
         self.published["batches"] += len(out)
         self.published["events"] += len(events)
-        self._pub.publish(batches=out, events=events)
+        if self.segmenter is not None:
+            self._publish_edge(self.segmenter.add(events, out))
+        else:
+            self._pub.publish(batches=out, events=events)
+
+    def _publish_edge(self, msgs: list[tuple[bytes, bytes]]) -> None:
+        topic = self.settings.topics.op_metrics
+        for key, value in msgs:
+            self._pub.publish_raw(topic, key, value)
+        self.published["op_metrics_messages"] = self.published.get("op_metrics_messages", 0) + len(msgs)
 
     # -- health and the directory ----------------------------------------------------
     def _publisher_stats(self) -> dict[str, Any]:
@@ -238,6 +254,7 @@ class Agent:
             "lag_ms": None if self.last_batch_end_ns is None else round((now - self.last_batch_end_ns) / 1e6, 1),
             "queue": self.queue.qsize(),
             "published": dict(self.published),
+            **({"edge": self.segmenter.stats} if self.segmenter is not None else {}),
             "join": dataclasses.asdict(self.join.stats),
             "publisher": self._publisher_stats(),
             "cpu_s": round(ru.ru_utime + ru.ru_stime, 3),

@@ -37,6 +37,9 @@ _CTX = {"help_option_names": ["-h", "--help"]}
 @click.option("--health-s", type=seconds(0.0, 3600.0), default=0.5, show_default=True, help="Health record period.")
 @click.option("--coalesce-ms", type=Number(float, 0.0, 60_000.0), default=20.0, show_default=True,
               help="Merge a NIC's consecutive batches into one message for up to this long.")
+@click.option("--edge", is_flag=True,
+              help="Segment this node's traffic here and publish operator metrics only, not its epoch samples "
+                   "and hook events (for a Kafka that cannot take µs samples; docs/scale.md).")
 @click.option("--broker", help="Kafka bootstrap host:port (default PULSE_BROKER).")
 @click.option("--topic-prefix", "prefix", help="Topic prefix (default PULSE_TOPIC_PREFIX).")
 @click.option("--spool-dir", type=KeepDir(), help="Disk spool (default PULSE_SPOOL_DIR).")
@@ -44,7 +47,7 @@ _CTX = {"help_option_names": ["-h", "--help"]}
 @click.option("--json", "as_json", is_flag=True, help="Print the final health record as JSON on stdout.")
 def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...], netns: str | None,
           hook_dir: Path | None, plugin_socket: Path | None, rdma: bool, epoch_us: float | None, window_ms: float, snaplen: int,
-          health_s: float, coalesce_ms: float, broker: str | None, prefix: str | None, spool_dir: str | None,
+          health_s: float, coalesce_ms: float, edge: bool, broker: str | None, prefix: str | None, spool_dir: str | None,
           duration: float | None, as_json: bool) -> None:
     """Run the node agent: live capture, hook directory, plugin socket and rdma res, joined
     (TCP connection -> rank and peer, QPN -> rank and peer) and published to Kafka through
@@ -76,15 +79,23 @@ def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...],
     cfg = AgentConfig(node=node_name, job=job, iface=iface, local=addrs, netns=netns, hook_dir=hook_dir,
                       plugin_socket=plugin_socket, rdma=rdma, epoch_ns=epoch_ns, window_ns=window_ns,
                       snaplen=snaplen, health_s=health_s, coalesce_ms=coalesce_ms, duration_s=duration)
+    segmenter = None
+    if edge:
+        from pulse.streams.edge import EdgeSegmenter
+
+        segmenter = EdgeSegmenter()
     click.echo(f"pulse agent {node_name}: broker {s.broker}, topics {s.topic_prefix}.*"
+               + (", edge: segmenting here, publishing operator metrics" if edge else "")
                + (f", capture {iface} ({', '.join(addrs)})" if iface else "")
                + (f", hooks {hook_dir}" if hook_dir else "")
                + (f", plugin socket {plugin_socket}" if plugin_socket else ""), err=True)
-    final = Agent(s, cfg).run()
+    final = Agent(s, cfg, segmenter=segmenter).run()
     if as_json:
         sys.stdout.write(orjson.dumps(final).decode() + "\n")
     else:
         p = final["published"]
-        click.echo(f"pulse agent {node_name}: published {p['batches']} batches ({p['rows']} rows), "
-                   f"{p['events']} hook events; spool {final['publisher']['spool_bytes']} bytes left, "
+        what = (f"segmented {p['batches']} batches ({p['rows']} rows) and {p['events']} hook events into "
+                f"{p.get('op_metrics_messages', 0)} op-metrics messages" if edge else
+                f"published {p['batches']} batches ({p['rows']} rows), {p['events']} hook events")
+        click.echo(f"pulse agent {node_name}: {what}; spool {final['publisher']['spool_bytes']} bytes left, "
                    f"{final['drops']['capture_kernel']} packets dropped by the kernel", err=True)

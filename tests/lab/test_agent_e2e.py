@@ -29,6 +29,9 @@ if os.geteuid() != 0:
 
 PULSE = str(Path(sys.executable).with_name("pulse"))
 FAULT, RANKS, STEPS, FAULT_AFTER = "rate:2:200mbit", 4, 70, 40
+EDGE = {"node-01", "node-03"}
+"""Agents that segment their own node's traffic (`--edge`) and publish operator metrics only:
+a mixed deployment, whose verdict must be the same as central segmentation's."""
 WORKER = ("from pulse.lab.analysis import lab_params\nfrom pulse.settings import Settings\n"
           "from pulse.streams.app import run_worker\n"
           "run_worker(Settings.from_env(), loglevel='info', localize_params=lab_params())\n")
@@ -53,6 +56,14 @@ def _stop(p: subprocess.Popen[bytes], timeout: float = 60) -> int:
     except subprocess.TimeoutExpired:
         p.kill()
         return p.wait()
+
+
+def _samples_on_the_wire(s: Settings) -> list:
+    from pulse.streams.readback import read_back
+
+    from pulse.samples import decode
+
+    return [decode(m.value) for m in asyncio.run(read_back(s.broker or "", s.topics.samples, timeout_s=10))]
 
 
 def _save_stream(s: Settings, out: Path) -> Path:
@@ -110,7 +121,7 @@ def test_agents_give_the_lab_verdict(broker: str, tmp_path: Path) -> None:
                 agents[node.name] = subprocess.Popen(
                     [PULSE, "agent", "--node", node.name, "--job", "lab", "--netns", node.netns, "--iface", "eth0",
                      "--local", node.address, "--hook-dir", str(workdir / "hooks"), "--no-rdma",
-                     "--epoch-us", str(LAB_EPOCH_NS // 1000), "--json"],
+                     "--epoch-us", str(LAB_EPOCH_NS // 1000), "--json", *(["--edge"] if node.name in EDGE else [])],
                     env=_env(s, PULSE_SPOOL_DIR=str(tmp_path / f"spool-{node.name}")), stdout=subprocess.PIPE,
                     stderr=log)
             deadline = time.monotonic() + 180
@@ -154,8 +165,9 @@ def test_agents_give_the_lab_verdict(broker: str, tmp_path: Path) -> None:
     streamed = summarize_verdicts(verdicts)
     truth = truth_of(run.fault, run.ranks, run.onset_wall_ns)
     want = ("network", tuple(truth["culprit"]["nodes"]))
-    report = (f"lab {lab['pulse']}, agents {streamed}, worker {rec}, agents' final {finals}; what the agents "
-              f"published, as a trace directory: {streamed_trace}")
+    report = (f"lab {lab['pulse']} ({lab['operators']} operators, capture {lab['capture']}, step ms "
+              f"{lab['step_ms']}, first seq {lab['first_seq']}), agents {streamed}, worker {rec}, agents' final "
+              f"{finals}; what the central agents published, as a trace directory: {streamed_trace}")
 
     def first(part: dict) -> tuple | None:
         a = min(part["anomalies"], key=lambda a: a["first_seen_ns"], default=None)
@@ -191,4 +203,8 @@ def test_agents_give_the_lab_verdict(broker: str, tmp_path: Path) -> None:
         # 6), a known limit of the agent's TCP join.
         assert 2 <= f["join"]["bound_flows"] <= 2 * (RANKS - 1), (name, f["join"])
         assert f["publisher"]["dropped"] == 0 and f["publisher"]["spool_bytes"] == 0, (name, f["publisher"])
+        if name in EDGE:  # operator metrics went out, and no sample or hook event
+            assert f["published"]["op_metrics_messages"] > 0 and f["edge"]["refused_batches"] == 0, (name, f)
+    central = {b.node for b in _samples_on_the_wire(s)}
+    assert central == {f"node-{i:02d}" for i in range(RANKS)} - EDGE, central
     assert rec.get("dead_letters", 0) == 0
