@@ -29,7 +29,7 @@ def nodes(n_nodes: int, nics: int, last: float = 1000.0) -> dict[str, float]:
 
 def test_one_nic_stopping_first_while_its_node_goes_on_is_a_network_stop() -> None:
     last = nodes(4, 2)
-    last["n2/m1"] = 994.0  # 6 ms before anyone else, far above the 1 ms clock-offset bound
+    last["n2/m1"] = 990.0  # 10 ms before anyone else: far above the 1 ms clock-offset bound, 5 of its gaps
     (stop,) = run(last).check()
     assert (stop.kind, stop.node) == ("network-stop", "n2")
     dead = next(s for s in stop.nics if s.endpoint == "n2/m1")
@@ -47,7 +47,7 @@ def test_every_nic_of_a_node_stopping_first_is_a_compute_stop() -> None:
 
 def test_a_job_that_is_still_sending_or_ended_with_its_capture_is_not_judged() -> None:
     last = nodes(4, 2)
-    last["n2/m1"] = 994.0
+    last["n2/m1"] = 990.0
     assert not run(last, capture_end_ms=1100.0).check()  # silent for less than a stall
     assert not run(nodes(4, 2)).check()  # everyone together: no order to read
 
@@ -67,6 +67,13 @@ def test_a_single_nic_node_cannot_tell_a_dead_nic_from_a_hung_host() -> None:
     assert not run(last).check()
 
 
+def test_a_nic_that_stopped_first_by_less_than_its_own_gaps_did_not_stop() -> None:
+    """Stopped 6 ms first, 3 of its 2 ms gaps: as much a pause as a stop."""
+    last = nodes(4, 2)
+    last["n2/m1"] = 994.0
+    assert not run(last).check()
+
+
 def test_a_nic_that_idled_no_longer_than_it_always_does_did_not_stop() -> None:
     """Its regular idle gaps (every 20 ms here) are longer than the 6 ms the others went on."""
     last = nodes(4, 2)
@@ -79,7 +86,7 @@ def test_a_nic_that_idled_no_longer_than_it_always_does_did_not_stop() -> None:
 
 def test_a_silence_is_judged_once() -> None:
     last = nodes(4, 2)
-    last["n2/m1"] = 994.0
+    last["n2/m1"] = 990.0
     w = run(last)
     assert len(w.check()) == 1 and not w.check()
 
@@ -89,9 +96,11 @@ SIZE = {"nodes": 4, "gpus_per_node": 2, "nics_per_node": 2, "pp": 2, "steps": 8}
 
 @pytest.mark.parametrize("scenario", ["gpu-hang", "nic-down"])
 def test_simulated_stops_without_descriptors_never_blame_a_healthy_node(tmp_path, scenario):  # type: ignore[no-untyped-def]
-    """A hung GPU stops its whole node's traffic first: compute-stop on it. At this size the
-    dead NIC's node-mates and a healthy node stop within the clock-offset bound of it (seed
-    1): no order to read, so nothing is named rather than a healthy node."""
+    """At this size (seed 1) the order of silences says little: the dead NIC's node-mates and
+    a healthy node stop within the clock-offset bound of it, and the hung GPU's node stops
+    26 ms before the job, after idle gaps of 19 ms. Nothing is named rather than a healthy
+    node (the 64-GPU battery, where the culprit stops 6 ms first and 143 ms before the job
+    after gaps of 18 ms, is named: docs/localization.md)."""
     from pulse.engine import diagnose
     from pulse.sim import SimConfig, simulate
 
@@ -102,6 +111,3 @@ def test_simulated_stops_without_descriptors_never_blame_a_healthy_node(tmp_path
     res = diagnose(tmp_path / "t", network_only=True)
     named = {n for i in res.incidents for n in i.nodes}
     assert named <= set(truth["culprit"]["nodes"])
-    if scenario == "gpu-hang":
-        assert named == set(truth["culprit"]["nodes"])
-        assert {i.kind for i in res.incidents} == {"compute-stop"}
