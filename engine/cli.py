@@ -60,9 +60,9 @@ def _print_incidents(console: Any, incidents: list[Incident], n_verdicts: int, n
     for inc in incidents:
         latest[inc.id] = inc
     if not latest and network_only:
-        # not a clean bill of health: only the links' rates were judged
+        # not a clean bill of health: only links' rates, surplus bytes and a silent job were judged
         console.print(f"[bold yellow]pulse: no slow link found from the traffic alone[/] ({n_verdicts} verdicts; "
-                      "network-only: compute faults, stops and lateness were not judged)")
+                      "network-only: compute slowness and lateness were not judged)")
         return
     if not latest:
         console.print(f"[bold green]pulse: no incident[/] ({n_verdicts} verdicts, none anomalous)")
@@ -127,8 +127,9 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
               network_only=True if no_hooks else None)
     if res.network_only:
         click.echo(f"pulse: network-only mode ({res.network_only_reason}): operators inferred from the traffic "
-                   "alone, judged by each link's sending rate; no issue times, expected bytes or posted receives, "
-                   "so compute faults, lateness and stops are not judged", err=True)
+                   "alone, judged by each link's sending rate and bytes against its rail siblings, and a silent job by "
+                   "which NIC or node fell silent first; no issue times, expected bytes or posted receives, "
+                   "so compute slowness and lateness are not judged", err=True)
     if res.damage:  # on stderr in both modes: --json consumers read records on stdout
         click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
     if as_json:

@@ -134,12 +134,15 @@ class JobEngine:
 
         self.network_only = network_only
         """Operators inferred from the traffic alone (:mod:`.netonly`): descriptors ignored."""
-        self.segment: SegmentStage | InferredStage = InferredStage() if network_only else SegmentStage(segment_params)
         if network_only:
             # inferred records are per-link sending rates over a window, each bound to the NIC
-            # it reaches: a low one marks that link slow (see netonly's docstring)
+            # it reaches: a low one marks that link slow, bytes beyond its rail siblings' mark
+            # it losing packets (see netonly's docstring)
             localize_params = dataclasses.replace(localize_params or LocalizeParams(), rate_blame=True,
-                                                 rate_ratio=NETWORK_ONLY_RATE_RATIO, group_verdicts=False)
+                                                 rate_ratio=NETWORK_ONLY_RATE_RATIO, group_verdicts=False,
+                                                 grouped_resent=True)
+        self.segment: SegmentStage | InferredStage = (InferredStage(params=localize_params) if network_only
+                                                      else SegmentStage(segment_params))
         # One job's localization over ``shards`` shards, merged per job (shards.py).
         self.localize: Localizers | ShardedLocalizers = (
             ShardedLocalizers(shards, localize_params, hold_ns=hold_ns) if shards > 1

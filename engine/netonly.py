@@ -24,20 +24,30 @@ What it cannot tell is said in docs/localization.md ("Network-only mode").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 
 import numpy as np
+from pulse.localization import LocalizeParams
 
 from pulse.events import FlowEvent, HookEvent
-from pulse.records import OpMetrics
+from pulse.records import DataEnd, OpMetrics
 from pulse.samples import EpochBatch
 
+from .netstop import Stop, StopWatch
 from .segment_stage import SegmentOutput
 
 WINDOW_NS = 50_000_000
 """Node time per inferred operator: long enough to hold several collectives of a training
 step (each NIC's sending rate is then defined), short enough for a verdict in seconds."""
 INFERRED_PREFIX = "inferred:"
+SURPLUS_SIBLINGS = 3
+"""Rail siblings (links between the same two nodes) needed to say one carried more: with
+two, either could be the odd one."""
+SURPLUS_WARMUP = 4
+"""Windows a link must have carried data in before its cumulated bytes are compared."""
+SURPLUS_SPREAD = 8
+"""A surplus must exceed this many times the job's median deviation from its siblings."""
 NETWORK_ONLY_RATE_RATIO = 0.5
 """A NIC is slow in network-only mode when it sends at half its group's rate or less. An
 inferred window mixes several operators and, on TCP, congestion control shares links
@@ -71,10 +81,20 @@ class InferredStage:
     hook events only flow events' addresses are read (5-tuples, queue pair numbers: what a
     capture or ``rdma res`` sees); comm, op and every binding to a rank are ignored."""
 
-    def __init__(self, window_ns: int = WINDOW_NS) -> None:
+    def __init__(self, window_ns: int = WINDOW_NS, params: LocalizeParams | None = None) -> None:
         if window_ns <= 0:
             raise ValueError("window_ns must be positive")
         self.window_ns = int(window_ns)
+        p = params or LocalizeParams()
+        self.vol_excess = p.vol_excess
+        self._cum: dict[str, int] = {}
+        """link -> bytes it carried so far (emitted windows)."""
+        self._nwin: dict[str, int] = {}
+        """link -> windows it carried data in."""
+        self._stops = StopWatch(p.stall_ns, p.stall_first_ns)
+        """Where the traffic stopped when the job goes silent (:mod:`.netstop`)."""
+        self._n_stops = 0
+        self._epoch_ns = 0
         self._win_ns: int | None = None
         """The window in use: ``window_ns`` rounded down to whole epochs of the first batch."""
         self.nodes: dict[str, None] = {}
@@ -181,7 +201,10 @@ class InferredStage:
         self._groups.find(ep)
         self._end[ep] = max(self._end.get(ep, -(1 << 62)), b.t0_ns + (int(b.epoch.max()) + 1) * b.epoch_ns
                             if b.n_rows else b.t0_ns)
+        self._epoch_ns = self._epoch_ns or b.epoch_ns
         sent = b.tx_bytes > 0
+        self._stops.note(self._jobs.get(b.node, ""), ep, b.t0_ns + (b.epoch[sent].astype(np.int64) + 1) * b.epoch_ns,
+                         b.tx_bytes[sent], self._end[ep])
         if not sent.any():
             return
         flow_rows = b.flow[sent]
@@ -236,6 +259,10 @@ class InferredStage:
                         # a link's flows (channels) split one operator's data and send at
                         # the same time: the link sent in as many epochs as its busiest
                         cell[1] = max(cell[1], active)
+            for link, cell in cells.items():
+                self._cum[link] = self._cum.get(link, 0) + cell[0]
+                self._nwin[link] = self._nwin.get(link, 0) + 1
+            surplus = self._surplus()
             by_group: dict[str, list[tuple[str, list[int]]]] = {}
             for link, cell in self._main_links(cells):
                 by_group.setdefault(self._group(link.partition(">")[0]), []).append((link, cell))
@@ -249,10 +276,79 @@ class InferredStage:
                 ranks = {link: i for i, link in enumerate(sorted(members))}
                 self._bind(comm, ranks, out)
                 for link, (nbytes, active, epoch_ns) in sorted(members_cells):
-                    out.metrics.append(self._record(comm, w, link, ranks, nbytes, active, epoch_ns))
+                    rec = self._record(comm, w, link, ranks, nbytes, active, epoch_ns)
+                    if link in surplus:
+                        # what it would have carried at its siblings' pace: the localizer reads
+                        # volume / expected as the retransmission surplus
+                        rec = dataclasses.replace(rec, expected_bytes=max(int(nbytes / surplus[link]), 1))
+                    out.metrics.append(rec)
         if windows:
             self._emitted_upto = max(self._emitted_upto, windows[-1])
+        for stop in self._stops.check():
+            self._stuck(stop, out)
         return out
+
+    def _stuck(self, stop: Stop, out: SegmentOutput) -> None:
+        """The operator the job is stuck in, as the localizer's stop rules read it: one rank
+        per NIC of the job's last traffic, bound like a descriptor would bind it; a record of
+        what each NIC sent after the first stop (incomplete, so a stall once its node's data
+        went on) for the nodes that went on, none for a node that stopped altogether (absent:
+        it never started it). Expected bytes are the present NICs' median: the first NIC to
+        stop sent nothing of it."""
+        self._n_stops += 1
+        comm = f"{INFERRED_PREFIX}stop:{self._n_stops}"
+        ranks = {s.endpoint: i for i, s in enumerate(stop.nics)}
+        for node, end in sorted(stop.data_end.items()):
+            out.forward(stop.job, node, DataEnd(job=stop.job, node=node, end_ns=end))
+        for s in stop.nics:
+            node, _, nic = s.endpoint.partition("/")
+            peer = next((ranks[ln.partition(">")[2]] for ln in self._link_flow
+                         if ln.startswith(s.endpoint + ">") and ln.partition(">")[2] in ranks), ranks[s.endpoint])
+            flow = next((f for ln, f in self._link_flow.items() if ln.startswith(s.endpoint + ">")), 0)
+            out.forward(stop.job, node, FlowEvent(job=stop.job, node=node, nic=nic, flow=flow, comm_id=comm,
+                                                  rank=ranks[s.endpoint], peer=peer, channel=0,
+                                                  direction="send" if peer != ranks[s.endpoint] else None,
+                                                  source="inferred"))
+        present = [s for s in stop.nics if s.present]
+        expected = max(int(np.median([s.sent_after for s in present])), 1) if present else 1
+        epoch_ns = self._epoch_ns or 1
+        for s in present:
+            node, _, nic = s.endpoint.partition("/")
+            end = max(s.last_ns, stop.first_ns)
+            out.metrics.append(OpMetrics(
+                job=stop.job, node=node, comm_id=comm, seq=0, rank=ranks[s.endpoint], kind="GroupP2P",
+                nranks=len(ranks), start_ns=stop.first_ns, end_ns=end, duration_ns=end - stop.first_ns,
+                act_ns=0, volume_bytes=s.sent_after, expected_bytes=max(expected, s.sent_after), complete=False,
+                active_rate=0.0, flows=1, epoch_ns=epoch_ns, nics=[nic]))
+
+    def _surplus(self) -> dict[str, float]:
+        """Links that carried more bytes than their rail siblings, with how many times more.
+
+        Siblings are the links between the same two nodes on other NICs: in a rail-optimized
+        job each GPU's NIC carries its own share of the same collectives and pipeline sends,
+        so they carry the same bytes (a healthy simulated job: within 0.3 %, cumulated); a
+        link that loses packets resends (go-back-N resends whole windows) and carries more.
+        Cumulated since each link began, so a rail running a few ms ahead of its siblings
+        shows nothing. A link is in surplus beyond the localizer's ``vol_excess`` and beyond
+        ``SURPLUS_SPREAD`` times the job's own median deviation (a job whose rails are not
+        balanced, e.g. expert routing, raises its own bar)."""
+        sib: dict[tuple[str, str], list[str]] = {}
+        for link in self._cum:
+            src, _, dst = link.partition(">")
+            if dst and self._nwin[link] >= SURPLUS_WARMUP:
+                sib.setdefault((src.partition("/")[0], dst.partition("/")[0]), []).append(link)
+        ratios: dict[str, float] = {}
+        for links in sib.values():
+            if len(links) < SURPLUS_SIBLINGS:
+                continue
+            med = float(np.median([self._cum[ln] for ln in links]))
+            if med > 0:
+                ratios.update((ln, self._cum[ln] / med) for ln in links)
+        if not ratios:
+            return {}
+        dev = float(np.median(np.abs(np.fromiter(ratios.values(), float) - 1.0)))
+        bar = 1.0 + max(self.vol_excess, SURPLUS_SPREAD * dev)
+        return {ln: r for ln, r in ratios.items() if r >= bar}
 
     @staticmethod
     def _main_links(cells: dict[str, list[int]]) -> list[tuple[str, list[int]]]:

@@ -264,12 +264,19 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
     if rate.size < p.min_ranks:
         return
     loo = leave_one_out_medians(rate)
+    exp = view.col("expected_bytes")
+    vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
     for i in range(rate.size):
         low = bool(loo[i] > 0 and rate[i] <= p.rate_ratio * loo[i])
-        blamed = p.rate_blame and low
+        resent = p.grouped_resent and bool(vol[i] >= 1.0 + p.vol_excess)
+        blamed = (p.rate_blame and low) or resent
         if not blamed and (low or rate_ref is None or rate[i] < p.rate_ratio * rate_ref):
             continue
-        f = _finding(view, i, ACT, "active_rate", rate[i], loo[i]) if blamed else None
+        f = None
+        if resent:
+            f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
+        elif blamed:
+            f = _finding(view, i, ACT, "active_rate", rate[i], loo[i])
         for d in view.peer_eps[i]:
             out.links.append(LinkObs(view.endpoints[i], d, blamed, f, view.recs[i].end_ns))
         if f is not None:

@@ -91,6 +91,12 @@ class LocalizeParams:
     the culprit has the *highest* rank-level rate and a low rate names a victim. GroupP2P
     records then only clear links (rate normal); the node's collectives and
     point-to-point sends on the same NIC carry the blame."""
+    grouped_resent: bool = False
+    """Whether a GroupP2P record that carried ``vol_excess`` more bytes than expected marks
+    its links as losing packets, as collectives' records do. Off by default: a grouped
+    call's expected bytes (declared per peer) need not count what the wire adds. Network-
+    only mode turns it on: there an inferred record's expected bytes are what its rail
+    siblings carried (engine/netonly.py)."""
     host_min_nics: int = 2
     """Host contention needs slow sends on at least this many NICs of the node (one
     starved proxy thread serves them all; a single NIC is a NIC fault)."""

@@ -123,3 +123,38 @@ def test_windows_lie_on_the_epoch_grid_and_contain_their_traffic() -> None:
     t = t0 + 3 * 32_000
     assert m.start_ns <= t < m.end_ns and (m.end_ns - m.start_ns) % 32_000 == 0
     assert m.act_ns == 2 * 32_000 and m.volume_bytes == 200
+
+
+def qp(node: str, nic: str, flow: int, qpn: int, remote: int) -> FlowEvent:
+    return FlowEvent(job="j", node=node, nic=nic, flow=flow, transport="roce", qpn=qpn, remote_qpn=remote)
+
+
+def test_a_link_carrying_more_than_its_rail_siblings_is_marked_as_resending() -> None:
+    """Four rails between nodes a and b carry the same pipeline sends; rail 2 loses packets
+    and resends 30 % more. Its records expect its siblings' bytes; the others expect their own."""
+    st = InferredStage(window_ns=WIN)
+    events = []
+    for k in range(4):
+        events += [qp("a", f"m{k}", 1, 100 + k, 200 + k), qp("b", f"m{k}", 1, 200 + k, 100 + k)]
+    st.add(events)
+    recs = []
+    for w in range(10):
+        bs = []
+        for k in range(4):
+            per = 1300 if k == 2 and w >= 2 else 1000
+            rows = [(1, e, per) for e in range(10)]
+            bs.append(make_batch(node="a", nic=f"m{k}", t0_ns=w * WIN, epoch_ns=EPOCH, batch_seq=w,
+                                 flow=np.array([r[0] for r in rows], np.uint32),
+                                 epoch=np.array([r[1] for r in rows], np.uint32),
+                                 tx_bytes=np.array([r[2] for r in rows], np.uint32), job="j"))
+            bs.append(make_batch(node="b", nic=f"m{k}", t0_ns=w * WIN, epoch_ns=EPOCH, batch_seq=w,
+                                 flow=np.array([1], np.uint32), epoch=np.array([0], np.uint32),
+                                 tx_bytes=np.array([10], np.uint32), job="j"))
+        recs += st.add([], bs).metrics
+    recs += st.finish().metrics
+    sent = [m for m in recs if m.node == "a"]
+    assert sent
+    resent = {m.nics[0] for m in sent if m.volume_bytes > m.expected_bytes}
+    assert resent == {"m2"}
+    last = max((m for m in sent if m.nics == ["m2"]), key=lambda m: m.seq)
+    assert 1.02 < last.volume_bytes / last.expected_bytes < 1.3  # cumulated since the link began

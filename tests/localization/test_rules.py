@@ -253,6 +253,21 @@ def test_grouped_p2p_rate_blame_when_enabled_names_the_low_rank():
     assert {nodes for _k, _l, nodes in culprits(vs)} == {("node-02",)}
 
 
+def test_grouped_p2p_surplus_bytes_mark_links_only_when_enabled():
+    """A rank whose records carried 30 % more than expected (network-only mode's rail
+    siblings' bytes) loses packets: its links are slow when ``grouped_resent`` is on; a
+    grouped call's declared bytes alone (the default) say nothing of retransmissions."""
+    def resend(comm, seq, r, f):
+        if r == 2 and seq >= ONSET:
+            f["volume_bytes"] = int(f["expected_bytes"] * 1.3)
+        return f
+    assert not anomalies(run(resend, kind="GroupP2P", n=6, rails=2))
+    vs = run(resend, kind="GroupP2P", n=6, rails=2, params=LocalizeParams(grouped_resent=True))
+    assert {(k, nodes) for k, _l, nodes in culprits(vs)} == {("network-slow", ("node-02",))}
+    ev = next(v for v in anomalies(vs)).evidence
+    assert "volume_ratio" in str(ev)
+
+
 # -- rail skew: one NIC that stalls now and then (a flap) -------------------------------------
 
 def _aligned(stall: dict[str, set[int]] | None = None, delay: int = 6_000_000):
