@@ -311,18 +311,45 @@ def lab_params() -> Any:
     return LocalizeParams(late_min_ns=LAB_LATE_MIN_NS, persist_ops=LAB_PERSIST_OPS)
 
 
+NETONLY_NOT_JUDGED = ("compute faults (a slow or starved rank, lateness) cannot be judged from traffic "
+                      "alone: no issue times")
+"""What a network-only lab run says when it names nobody: its basis, never "healthy"."""
+
+
 def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_steps: int = 2,
-                params: Any = None) -> dict[str, Any]:
-    """Trace directory + Pulse + baseline for a finished lab run -> a JSON-able result."""
+                params: Any = None, no_hooks: bool | None = None) -> dict[str, Any]:
+    """Trace directory + Pulse + baseline for a finished lab run -> a JSON-able result.
+
+    ``no_hooks`` (default: the run's own ``hooks`` flag) analyses in network-only mode: the
+    warm-up cut from the traffic, operators inferred from it, no baseline (it needs the
+    descriptors' operator start/end)."""
     from pulse.engine import diagnose
 
+    network_only = (not getattr(run, "hooks", True)) if no_hooks is None else no_hooks
     truth = truth_of(run.fault, run.ranks, run.onset_wall_ns)
-    inp = LabInput(pcap=run.pcap, hook_dir=run.hook_dir, nodes=run.nodes, ranks=run.ranks,
-                   step_end_ns=run.step_end_ns, master_port=run.master_port)
-    prep = prepare_trace(inp, out, epoch_ns=epoch_ns, warmup_steps=warmup_steps, truth=truth)
-    res = diagnose(prep.trace_dir, params if params is not None else lab_params(), baseline=True)
+    extra: dict[str, Any] = {}
+    if network_only:
+        from pulse.lab.netonly_trace import prepare_netonly_trace
+
+        nprep = prepare_netonly_trace(run.pcap, run.nodes, out, epoch_ns=epoch_ns, warmup_steps=warmup_steps,
+                                      truth=truth)
+        res = diagnose(nprep.trace_dir, params if params is not None else lab_params(), network_only=True)
+        trace_dir, capture = nprep.trace_dir, nprep.capture
+        extra = {"network_only": True, "traffic_cut": nprep.cut.to_dict(), "first_seq": None, "ring": None}
+    else:
+        inp = LabInput(pcap=run.pcap, hook_dir=run.hook_dir, nodes=run.nodes, ranks=run.ranks,
+                       step_end_ns=run.step_end_ns, master_port=run.master_port)
+        prep = prepare_trace(inp, out, epoch_ns=epoch_ns, warmup_steps=warmup_steps, truth=truth)
+        res = diagnose(prep.trace_dir, params if params is not None else lab_params(), baseline=True)
+        trace_dir, capture = prep.trace_dir, prep.capture
+        extra = {"network_only": False, "first_seq": prep.first_seq, "ring": prep.ring}
     pulse_sum = summarize_verdicts(res.verdicts)
+    if network_only and not pulse_sum["anomalies"]:
+        pulse_sum["status"] = "no slow link found from the traffic alone"
+        pulse_sum["not_judged"] = NETONLY_NOT_JUDGED
     base_sum = summarize_verdicts(res.baseline or [])
+    if network_only:
+        base_sum = {"status": "not run (no descriptors)", "anomalies": []}
     scored = score_run(res.verdicts, res.baseline or [], truth)
     for part in (pulse_sum, base_sum):
         for a in part["anomalies"]:
@@ -338,13 +365,12 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
         "fault": run.fault.text,
         "truth": {"nodes": truth["culprit"]["nodes"], "kind": truth["kind"], "family": kind_family(truth["kind"])},
         "pulse": {**pulse_sum, "correct": judge(pulse_sum, truth)},
-        "baseline": {**base_sum, "correct": judge(base_sum, truth)},
-        "trace": str(prep.trace_dir),
+        "baseline": {**base_sum, "correct": None if network_only else judge(base_sum, truth)},
+        "trace": str(trace_dir),
         "operators": len(res.metrics),
-        "first_seq": prep.first_seq,
-        "ring": prep.ring,
+        **extra,
         "epoch_ns": epoch_ns,
-        "capture": {**prep.capture, "kernel_drops": run.capture_drops},
+        "capture": {**capture, "kernel_drops": run.capture_drops},
         "step_ms": {"healthy_median": _median(healthy_ms), "faulty_median": _median(faulty_ms)},
         "fault_effect": getattr(run, "fault_effect", None),
         **scored,

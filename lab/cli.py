@@ -26,6 +26,10 @@ def _verdict_text(part: dict[str, Any]) -> str:
     return "; ".join(f"{a['kind']} {','.join(a['nodes'])} (x{a['count']})" for a in part["anomalies"])
 
 
+def _ok(correct: bool | None) -> str:
+    return "-" if correct is None else "yes" if correct else "no"
+
+
 def print_table(results: list[dict[str, Any]]) -> None:
     """Verdict next to the truth, one row per run, on stderr."""
     rows = [("fault", "truth", "pulse", "ok", "baseline", "ok", "steps ms (healthy/faulty)")]
@@ -34,7 +38,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
         truth = "no alarm" if t["kind"] is None else f"{t['family']} {','.join(t['nodes'])}"
         st = r["step_ms"]
         rows.append((r["fault"], truth, _verdict_text(r["pulse"]), "yes" if r["pulse"]["correct"] else "NO",
-                     _verdict_text(r["baseline"]), "yes" if r["baseline"]["correct"] else "no",
+                     _verdict_text(r["baseline"]), _ok(r["baseline"]["correct"]),
                      f"{st['healthy_median']}/{st['faulty_median'] if st['faulty_median'] is not None else '-'}"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -64,9 +68,12 @@ def lab() -> None:
               help="Keep the capture, hook files, trace directory and run.json here.")
 @click.option("--timeout", default=600, show_default=True, type=click.IntRange(10, 7200),
               help="Seconds the job may run.")
+@click.option("--no-hooks", "no_hooks", is_flag=True,
+              help="Run the job without the torch injection (no hook file at all) and diagnose its capture "
+                   "in network-only mode, the warm-up cut found in the traffic (docs/lab.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
 def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: int, epoch_us: int, width: int,
-                keep: Path | None, timeout: int, as_json: bool) -> None:
+                keep: Path | None, timeout: int, no_hooks: bool, as_json: bool) -> None:
     """Create the namespaces, run the job, inject the fault, tear everything down, then run
     Pulse (segmentation + localization) and the operator-level baseline on what was seen.
     Needs root."""
@@ -87,9 +94,10 @@ def run_command(ranks: int, fault: str, steps: int, fault_after: int, warmup: in
         raise ConfigError(f"--keep {keep}: directory exists and is not empty")
     try:
         log = (lambda m: None) if as_json else _echo
-        log(f"lab: {ranks} ranks, fault {f.text}, {steps} steps (fault after {fault_after})")
+        log(f"lab: {ranks} ranks, fault {f.text}, {steps} steps (fault after {fault_after})"
+            + (", no hooks: network-only mode" if no_hooks else ""))
         r = run_lab(ranks=ranks, fault=f, steps=steps, fault_after=fault_after, workdir=workdir, log=log,
-                    timeout_s=float(timeout), width=width)
+                    timeout_s=float(timeout), width=width, hooks=not no_hooks)
         r.save()
         log(f"lab: captured {r.capture_packets} packets ({r.capture_drops} dropped by the kernel); analysing")
         result = analyze_run(r, workdir / "trace", epoch_ns=epoch_us * 1000, warmup_steps=warmup)
@@ -138,8 +146,10 @@ def sweep_command(n_runs: int, seed: int, steps: int, fault_after: int, timeout:
 @click.argument("workdir", type=InDir())
 @click.option("--warmup", default=2, show_default=True, type=click.IntRange(1, 100))
 @click.option("--epoch-us", default=LAB_EPOCH_NS // 1000, show_default=True, type=click.IntRange(1, 100_000))
+@click.option("--no-hooks", "no_hooks", is_flag=True,
+              help="Network-only mode even if the run has hook files (automatic for a --no-hooks run).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
-def analyze_command(workdir: Path, warmup: int, epoch_us: int, as_json: bool) -> None:
+def analyze_command(workdir: Path, warmup: int, epoch_us: int, no_hooks: bool, as_json: bool) -> None:
     """Analyse again a run kept with `pulse lab run --keep DIR` (no root needed)."""
     from pulse.lab.analysis import analyze_run
     from pulse.lab.runner import LabRun
@@ -148,13 +158,21 @@ def analyze_command(workdir: Path, warmup: int, epoch_us: int, as_json: bool) ->
     out = workdir / f"trace-{epoch_us}us"
     if out.exists():
         shutil.rmtree(out)
-    _report(analyze_run(r, out, epoch_ns=epoch_us * 1000, warmup_steps=warmup), as_json)
+    _report(analyze_run(r, out, epoch_ns=epoch_us * 1000, warmup_steps=warmup, no_hooks=True if no_hooks else None),
+            as_json)
 
 
 def _report(result: dict[str, Any], as_json: bool) -> None:
     if as_json:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:
+        if result.get("network_only"):
+            cut = result["traffic_cut"]
+            _echo(f"network-only mode: no descriptor; operators inferred from the traffic, the first "
+                  f"{(cut['cut_ns'] - cut['first_data_ns']) / 1e6:.0f} ms of data left out (step period "
+                  f"{cut['period_ms']} ms read off the traffic)")
         print_table([result])
+        if result["pulse"].get("not_judged"):
+            _echo(f"network-only mode: {result['pulse']['not_judged']}")
         if result.get("trace"):
             _echo(f"trace directory: {result['trace']}  (pulse diagnose {result['trace']} --baseline)")

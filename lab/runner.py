@@ -47,6 +47,9 @@ class LabRun:
     fault_effect: dict[str, int] | None = None
     """what the fault did, measured: for ``cpu``, the rank's cgroup ``cpu.stat`` counters
     (``nr_periods``, ``nr_throttled``, ``throttled_ns``) over the whole run"""
+    hooks: bool = True
+    """whether the job ran with the torch injection; without it (``--no-hooks``) no hook
+    file exists and the analysis is network-only"""
 
     def save(self) -> Path:
         """Write run.json into the work directory (what `pulse lab analyze` reads)."""
@@ -68,7 +71,7 @@ class LabRun:
                        step_end_ns={int(k): v for k, v in d["step_end_ns"].items()},
                        capture_drops=d["capture_drops"], capture_packets=d["capture_packets"],
                        master_port=d["master_port"], fault_after=int(d.get("fault_after", 0)),
-                       fault_effect=d.get("fault_effect"))
+                       fault_effect=d.get("fault_effect"), hooks=bool(d.get("hooks", True)))
         except FileNotFoundError:
             raise ConfigError(f"{p}: no run.json (not a directory kept by `pulse lab run --keep`)") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -118,15 +121,19 @@ class _Cgroups:
 def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: Path,
             log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr), timeout_s: float = 300.0,
             width: int = 768, nice: int = 10,
-            on_network: Callable[[LabNetwork], None] | None = None, net_prefix: str = "plab") -> LabRun:
-    """``on_network`` runs once the namespaces exist, before the capture and the job start
+            on_network: Callable[[LabNetwork], None] | None = None, net_prefix: str = "plab",
+            hooks: bool = True) -> LabRun:
+    """``hooks=False`` runs the job without the torch injection: nothing on its PYTHONPATH,
+    no hook directory, so no descriptor exists at all (network-only mode's input).
+``on_network`` runs once the namespaces exist, before the capture and the job start
     (the agent's e2e test starts one `pulse agent` per node there). ``net_prefix`` names
     the namespaces (a run removes stale ones with its prefix: two concurrent runs on one
     host need different prefixes)."""
     require_root()
     workdir.mkdir(parents=True, exist_ok=True)
     hook_dir = workdir / "hooks"
-    hook_dir.mkdir(exist_ok=True)
+    if hooks:
+        hook_dir.mkdir(exist_ok=True)
     pcap = workdir / "capture.pcap"
     tag = f"pulse-lab-{os.getpid()}"
     procs: list[subprocess.Popen[str]] = []
@@ -161,7 +168,7 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
              "--time-stamp-precision=nano", "-n", "-w", str(pcap), "tcp"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _wait_listening(tcpdump)
-        injection = _injection_dir()
+        injection = _injection_dir() if hooks else None
         script = Path(__file__).with_name("ddp_job.py")
         master = net.nodes[0].address
         for r, node in enumerate(net.nodes):
@@ -171,10 +178,11 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                 "MASTER_ADDR": master, "MASTER_PORT": str(MASTER_PORT),
                 "WORLD_SIZE": str(ranks), "RANK": str(r), "LOCAL_RANK": "0",
                 "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
-                "PYTHONPATH": str(injection), "PULSE_HOOK_DIR": str(hook_dir),
-                "PULSE_NODE": node.name, "PULSE_JOB": "lab",
                 "LAB_STEPS": str(steps), "LAB_WIDTH": str(width),
             }
+            if injection is not None:
+                env.update({"PYTHONPATH": str(injection), "PULSE_HOOK_DIR": str(hook_dir),
+                            "PULSE_NODE": node.name, "PULSE_JOB": "lab"})
             cg = cgroups.paths.get(r)
             # Join the cgroup first: `ip netns exec` remounts /sys inside the namespace.
             join = f"echo $$ > {cg}/tasks; " if cg else ""
@@ -265,7 +273,8 @@ def run_lab(*, ranks: int, fault: Fault, steps: int, fault_after: int, workdir: 
                   nodes={n.name: n.address for n in net.nodes},
                   ranks={n.index: n.name for n in net.nodes}, fault=fault,
                   onset_wall_ns=onset[0] if onset else None, step_ms=step_ms, step_end_ns=step_end,
-                  capture_drops=drops, capture_packets=packets, fault_after=fault_after, fault_effect=effect)
+                  capture_drops=drops, capture_packets=packets, fault_after=fault_after, fault_effect=effect,
+                  hooks=hooks)
 
 
 def _wait_listening(proc: subprocess.Popen[str]) -> None:
