@@ -311,9 +311,12 @@ def lab_params() -> Any:
     return LocalizeParams(late_min_ns=LAB_LATE_MIN_NS, persist_ops=LAB_PERSIST_OPS)
 
 
-NETONLY_NOT_JUDGED = ("compute faults (a slow or starved rank, lateness) cannot be judged from traffic "
-                      "alone: no issue times")
-"""What a network-only lab run says when it names nobody: its basis, never "healthy"."""
+NETONLY_NO_NODE = "no node named from the traffic alone"
+NETONLY_NOT_JUDGED = ("compute faults (a slow or starved rank, lateness) cannot be judged without issue times; "
+                      "a slow link is blamed on a node only when that node is on every slow link (in a ring with "
+                      "one NIC per node, one slow link leaves both its ends equally suspect)")
+"""What a network-only lab run says when it names nobody: what was and was not judged,
+never "healthy" (docs/lab.md, "Network-only runs")."""
 
 
 def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_steps: int = 2,
@@ -345,7 +348,7 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
         extra = {"network_only": False, "first_seq": prep.first_seq, "ring": prep.ring}
     pulse_sum = summarize_verdicts(res.verdicts)
     if network_only and not pulse_sum["anomalies"]:
-        pulse_sum["status"] = "no slow link found from the traffic alone"
+        pulse_sum["status"] = NETONLY_NO_NODE
         pulse_sum["not_judged"] = NETONLY_NOT_JUDGED
     base_sum = summarize_verdicts(res.baseline or [])
     if network_only:

@@ -175,4 +175,5 @@ def _report(result: dict[str, Any], as_json: bool) -> None:
         if result["pulse"].get("not_judged"):
             _echo(f"network-only mode: {result['pulse']['not_judged']}")
         if result.get("trace"):
-            _echo(f"trace directory: {result['trace']}  (pulse diagnose {result['trace']} --baseline)")
+            how = "" if result.get("network_only") else " --baseline"
+            _echo(f"trace directory: {result['trace']}  (pulse diagnose {result['trace']}{how})")
