@@ -37,8 +37,8 @@ PERIOD_SPAN_NS = 1_000_000_000
 fault (the lab's default injects after 6 steps of 110-170 ms), not the rest of the run, where
 a fault stretches the steps. Measured on 4 --no-hooks runs and the 2 kept captures: 2 s
 took in a 200 Mbit/s fault's 580 ms steps and, unsmoothed, found 23 ms (a gradient bucket's
-AllReduce) for 117 ms steps; 1 s smoothed over 10 ms is within 15 % of the job's printed
-step time on all six."""
+AllReduce) for 117 ms steps; 1 s smoothed over 10 ms is within 16 % of the job's printed
+step time on all six (the worst: 135 ms for 117)."""
 SMOOTH_NS = 10_000_000
 """Moving average before the autocorrelation: a step's several bucket AllReduces, a few ms
 apart, must not correlate as a period of their own."""
