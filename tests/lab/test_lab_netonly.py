@@ -58,25 +58,43 @@ def test_no_bulk_traffic_says_so() -> None:
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_lab_run_without_hooks_names_the_rate_limited_rank(tmp_path: Path) -> None:
-    """The job runs without the injection (no hook file is written at all) and its capture
-    alone names rank 2, whose egress is limited to 200 Mbit/s after step 6."""
+def test_lab_run_without_hooks_sees_the_rate_limited_rank_and_blames_no_other(tmp_path: Path) -> None:
+    """The job runs without the injection (no hook file is written at all); rank 2's egress
+    is limited to 200 Mbit/s after step 6. Its capture alone must show node-02 sending at a
+    fraction of its peers' rate, and whatever is named must be node-02, network. Whether
+    node-02 is named at all is not asserted: its slow link 02->01 is Gloo's only data link
+    from node-02 to node-01, and node-01 is on it too; node-02 is named only in the windows
+    where its acknowledgements, queued behind its data in the shaper, also slow the link into
+    it (8 of 13 measured runs; docs/lab.md, "Network-only runs")."""
     pytest.importorskip("torch")
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
+    from pulse.engine import diagnose
+    from pulse.lab.analysis import lab_params
+
     keep = tmp_path / "k"
     proc = subprocess.run([*PULSE, "lab", "run", "--ranks", "4", "--fault", "rate:2:200mbit", "--steps", "16",
                            "--fault-after", "6", "--no-hooks", "--json", "--keep", str(keep)],
                           capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     res = json.loads(proc.stdout)
-    assert not (keep / "hooks").exists()
-    assert json.loads((keep / "run.json").read_text())["hooks"] is False
+    run = json.loads((keep / "run.json").read_text())
+    assert not (keep / "hooks").exists() and run["hooks"] is False
     events = [orjson.loads(ln) for ln in (Path(res["trace"]) / "hook-events.jsonl").read_bytes().splitlines()]
     assert events and all(e["type"] == "flow" and e.get("comm_id") is None for e in events)
     assert res["network_only"] and res["baseline"]["correct"] is None
     healthy_ms = res["step_ms"]["healthy_median"]
     assert 0.5 * healthy_ms <= res["traffic_cut"]["period_ms"] <= 2 * healthy_ms, res["traffic_cut"]
-    assert res["pulse"]["correct"], res["pulse"]
-    assert {tuple(a["nodes"]) for a in res["pulse"]["anomalies"]} == {("node-02",)}
-    assert all(a["kind"] == "network-slow" for a in res["pulse"]["anomalies"])
+    # what network-only mode judged: each window's sending rates, node-02's far below the rest
+    d = diagnose(res["trace"], lab_params(), network_only=True)
+    by_window: dict[int, dict[str, float]] = {}
+    for m in d.metrics:
+        if m.start_ns >= run["onset_wall_ns"] and m.active_rate > 0:
+            w = by_window.setdefault(m.start_ns, {})
+            w[m.node] = min(w.get(m.node, np.inf), m.active_rate)
+    ratios = [w["node-02"] / float(np.median([v for k, v in w.items() if k != "node-02"]))
+              for w in by_window.values() if "node-02" in w and len(w) >= 3]
+    assert len(ratios) >= 10 and float(np.median(ratios)) <= 0.25, ratios
+    assert all(a["nodes"] == ["node-02"] and a["family"] == "network" for a in res["pulse"]["anomalies"]), res["pulse"]
+    if not res["pulse"]["anomalies"]:
+        assert res["pulse"]["status"] == "no node named from the traffic alone" and res["pulse"]["not_judged"]
