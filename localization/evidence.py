@@ -38,8 +38,17 @@ Link = tuple[str, str]
 """(sender endpoint, receiver endpoint), each node/nic."""
 
 
+_NODE_OF: dict[str, str] = {}
+"""endpoint -> node: the rules ask it for every link of every window at each evaluation."""
+
+
 def node_of(endpoint: str) -> str:
-    return endpoint.split("/", 1)[0]
+    node = _NODE_OF.get(endpoint)
+    if node is None:
+        node = endpoint.split("/", 1)[0]
+        if len(_NODE_OF) < 1 << 20:  # bounded: endpoint names come from the input
+            _NODE_OF[endpoint] = node
+    return node
 
 
 class References:
@@ -83,6 +92,17 @@ class LinkWindows:
         self.hot: dict[Link, None] = {}
         """Links with at least persist_ops slow observations (candidates for link_state)."""
 
+        self.keys: list[Link] = []
+        """Row -> link of the column copies below."""
+        self._row: dict[Link, int] = {}
+        self._pos: list[int] = []
+        # each window's ends and slow flags again as rows of arrays (ring order), so the
+        # clean-link scan over every link is one vectorised pass instead of a Python loop
+        # over every observation of the job
+        self._ends = np.zeros((64, p.window_ops), np.int64)
+        self._slow = np.zeros((64, p.window_ops), np.bool_)
+        self._fill = np.zeros(64, np.int64)
+
     def add(self, lk: LinkObs) -> None:
         key = (lk.src, lk.dst)
         win = self.obs[key]
@@ -90,6 +110,15 @@ class LinkWindows:
             self.n_slow -= 1
             self.slow_count[key] -= 1
         win.append(lk)
+        row = self._row.get(key)
+        if row is None:
+            row = self._new_row(key)
+        pos = self._pos[row]
+        self._ends[row, pos] = lk.end_ns
+        self._slow[row, pos] = lk.slow
+        self._pos[row] = (pos + 1) % self.p.window_ops
+        if pos >= self._fill[row]:
+            self._fill[row] = pos + 1
         if lk.slow:
             self.n_slow += 1
             self.slow_count[key] += 1
@@ -97,6 +126,26 @@ class LinkWindows:
             self.hot[key] = None
         else:
             self.hot.pop(key, None)
+
+    def _new_row(self, key: Link) -> int:
+        row = len(self.keys)
+        if row == len(self._fill):
+            grow = len(self._fill)
+            self._ends = np.concatenate([self._ends, np.zeros_like(self._ends[:grow])])
+            self._slow = np.concatenate([self._slow, np.zeros_like(self._slow[:grow])])
+            self._fill = np.concatenate([self._fill, np.zeros_like(self._fill)])
+        self.keys.append(key)
+        self._row[key] = row
+        self._pos.append(0)
+        return row
+
+    def recent(self, since: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of :attr:`keys`: how many observations of its window ended at or after
+        ``since``, and how many of those were slow."""
+        n = len(self.keys)
+        valid = np.arange(self.p.window_ops) < self._fill[:n, None]
+        recent = valid & (self._ends[:n] >= since)
+        return recent.sum(axis=1), (recent & self._slow[:n]).sum(axis=1)
 
 
 class Lateness:

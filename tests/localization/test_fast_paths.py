@@ -1,0 +1,89 @@
+"""The localizer's fast paths against the plain definitions they replace: same answer on
+any input (they change how the rules compute, never what they decide)."""
+
+from __future__ import annotations
+
+from collections import deque
+from itertools import combinations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pulse.localization.evidence import LinkWindows
+from pulse.localization.observations import LinkObs
+from pulse.localization.params import LocalizeParams
+from pulse.localization.rules.links import exonerated, unique_cover
+
+NODES = [f"n{i}" for i in range(9)]
+node = st.sampled_from(NODES)
+
+
+def cover_by_scan(sets, nodes, max_group, exclude=None):
+    """The definition: the first size with covers, scanning every combination in order."""
+    want = [frozenset(s) for s in sets]
+    for k in range(1, max_group + 1):
+        found = [c for c in combinations(nodes, k) if all(not s.isdisjoint(c) for s in want)]
+        if found and exclude:
+            found = [c for c in found if not exclude & set(c)]
+            if not found:
+                return None
+        if found:
+            return found[0] if len(found) == 1 else None
+    return None
+
+
+def exonerated_by_scan(pairs, clean_pairs, nodes):
+    out = set()
+    for x in nodes:
+        sends = any(a == x for a, _ in pairs)
+        gets = any(b == x for _, b in pairs)
+        partners = {b for a, b in pairs if a == x} | {a for a, b in pairs if b == x}
+        ok_out = any(a == x and b not in partners for a, b in clean_pairs)
+        ok_in = any(b == x and a not in partners for a, b in clean_pairs)
+        if (sends or gets) and (not sends or ok_out) and (not gets or ok_in):
+            out.add(x)
+    return out
+
+
+@settings(max_examples=400, deadline=None)
+@given(sets=st.lists(st.frozensets(node, min_size=1, max_size=4), max_size=12),
+       extra=st.lists(node, max_size=3), max_group=st.integers(1, 4),
+       exclude=st.none() | st.sets(node, max_size=3))
+def test_unique_cover_is_the_scan_over_every_combination(sets, extra, max_group, exclude):
+    nodes = sorted(set().union(*sets) | set(extra)) if sets else sorted(set(extra))
+    assert unique_cover(sets, nodes, max_group, exclude) == cover_by_scan(sets, nodes, max_group, exclude)
+
+
+@settings(max_examples=200, deadline=None)
+@given(sets=st.lists(st.frozensets(node, min_size=1, max_size=4), min_size=1, max_size=8),
+       nodes=st.lists(node, max_size=6), max_group=st.integers(1, 3))
+def test_unique_cover_with_nodes_outside_the_sets_or_repeated(sets, nodes, max_group):
+    assert unique_cover(sets, nodes, max_group) == cover_by_scan(sets, nodes, max_group)
+
+
+pair = st.tuples(node, node).filter(lambda ab: ab[0] != ab[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(pairs=st.sets(pair, max_size=10), clean=st.sets(pair, max_size=14))
+def test_exonerated_is_its_definition(pairs, clean):
+    nodes = sorted({n for ab in pairs for n in ab})
+    assert exonerated(pairs, clean, nodes) == exonerated_by_scan(pairs, clean, nodes)
+
+
+@settings(max_examples=200, deadline=None)
+@given(obs=st.lists(st.tuples(st.integers(0, 70), st.integers(-50, 50), st.booleans()), max_size=300),
+       since=st.integers(-60, 60), window=st.integers(1, 6))
+def test_link_windows_recent_counts_are_the_windows(obs, since, window):
+    """The column copies count what the deques hold, through row growth and ring wrap."""
+    lw = LinkWindows(LocalizeParams(window_ops=window, persist_ops=1))
+    for link, end, slow in obs:
+        lw.add(LinkObs(f"a/{link}", f"b/{link % 7}", slow, None, end))
+    n_recent, n_slow = lw.recent(since)
+    assert len(lw.keys) == len(lw.obs)
+    for row, key in enumerate(lw.keys):
+        win: deque[LinkObs] = lw.obs[key]
+        recent = [o for o in win if o.end_ns >= since]
+        assert (n_recent[row], n_slow[row]) == (len(recent), sum(o.slow for o in recent))
+    assert isinstance(n_recent, np.ndarray)
