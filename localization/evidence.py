@@ -94,6 +94,8 @@ class LinkWindows:
 
         self.keys: list[Link] = []
         """Row -> link of the column copies below."""
+        self.senders: set[str] = set()
+        """Nodes at the sending end of a link with observations."""
         self._row: dict[Link, int] = {}
         self._pos: list[int] = []
         # each window's ends and slow flags again as rows of arrays (ring order), so the
@@ -135,6 +137,7 @@ class LinkWindows:
             self._slow = np.concatenate([self._slow, np.zeros_like(self._slow[:grow])])
             self._fill = np.concatenate([self._fill, np.zeros_like(self._fill)])
         self.keys.append(key)
+        self.senders.add(node_of(key[0]))
         self._row[key] = row
         self._pos.append(0)
         return row
@@ -203,6 +206,8 @@ class LateBaselines:
         self.rises: dict[tuple[int, bool], deque[float]] = defaultdict(
             lambda: deque(maxlen=p.late_spread_size))
         """communicator shape -> the newest rises of its ranks above their baselines."""
+        self._spread_n: dict[tuple[int, bool], int] = {}
+        self._spread_sigma: dict[tuple[int, bool], tuple[int, float]] = {}
 
     @staticmethod
     def shape(r: OpMetrics) -> tuple[int, bool]:
@@ -219,7 +224,13 @@ class LateBaselines:
         dev = self.spread.get(shape)
         if dev is None or len(dev) < self.p.late_spread_min:
             return None
-        sigma = MAD_TO_SIGMA * mad(np.fromiter(dev, np.float64, len(dev)))
+        n = self._spread_n.get(shape, 0)
+        hit = self._spread_sigma.get(shape)
+        if hit is not None and hit[0] == n:
+            sigma = hit[1]
+        else:  # the spread only changes when a baseline completes: its sigma is kept until then
+            sigma = MAD_TO_SIGMA * mad(np.fromiter(dev, np.float64, len(dev)))
+            self._spread_sigma[shape] = (n, sigma)
         rises = self.rises.get(shape)
         if rises is not None and len(rises) >= self.p.late_spread_min:
             sigma = max(sigma, MAD_TO_SIGMA * mad(np.fromiter(rises, np.float64, len(rises))))
@@ -233,7 +244,12 @@ class LateBaselines:
         if not lags:
             return []
         shape = self.shape(ordered[0])
-        th = self.threshold(shape, ordered[0].epoch_ns)
+        # the threshold is at least late_floor_epochs epochs: below that no rise needs it
+        # (it costs two medians over the spread and the recent rises)
+        floor = self.p.late_floor_epochs * ordered[0].epoch_ns
+        base_of = self.base.get
+        need = any((b := base_of((comm, ordered[i].rank))) is not None and lag - b >= floor for i, lag in lags)
+        th = self.threshold(shape, ordered[0].epoch_ns) if need else None
         out: list[tuple[int, float, float]] = []
         for i, lag in lags:
             key = (comm, ordered[i].rank)
@@ -244,6 +260,7 @@ class LateBaselines:
                 if len(first) >= self.p.late_base_ops:
                     self.base[key] = median(first)
                     self.spread[shape].extend(x - self.base[key] for x in first)
+                    self._spread_n[shape] = self._spread_n.get(shape, 0) + 1
                     del self._first[key]
                 continue
             self.rises[shape].append(lag - base)
@@ -293,6 +310,7 @@ class RailEvidence:
         self.siblings: dict[tuple[Any, ...], list[tuple[int, int, str]]] = {}
         self.records: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=p.rail_max_records)
         self._comm_nodes: dict[str, frozenset[str]] = {}
+        self._with_node: dict[tuple[str, str], frozenset[str]] = {}
 
     def member_nodes(self, comm: str) -> frozenset[str]:
         nodes = self._comm_nodes.get(comm)
@@ -304,7 +322,12 @@ class RailEvidence:
         return nodes
 
     def key(self, m: OpMetrics) -> tuple[Any, ...]:
-        return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, self.member_nodes(m.comm_id) | {m.node})
+        nodes = self._with_node.get((m.comm_id, m.node))
+        if nodes is None:
+            nodes = self.member_nodes(m.comm_id) | {m.node}
+            if m.comm_id in self._comm_nodes:  # complete membership: one set (and hash) per rank
+                self._with_node[(m.comm_id, m.node)] = nodes
+        return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, nodes)
 
     def note_record(self, m: OpMetrics) -> None:
         if m.complete and m.kind != GROUPED and m.t_host_ns is not None:

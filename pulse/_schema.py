@@ -264,11 +264,21 @@ class Record:
                 return None
             cols[f.name] = col
         names = list(cols)
+        # what the dataclass constructor does (set every field, then __post_init__), without
+        # its keyword call per record; a class with fields outside FIELDS takes the call
+        direct = [f[0] for f in _defaults(cls)] == names  # type: ignore[arg-type]
+        post = cls.__post_init__  # type: ignore[attr-defined]
         out: list[T] = []
         for values in zip(*cols.values(), strict=True):
             _decoding.active = True
             try:
-                out.append(cls(**dict(zip(names, values, strict=True))))
+                if direct:
+                    obj = object.__new__(cls)
+                    obj.__dict__.update(zip(names, values, strict=True))
+                    post(obj)
+                else:
+                    obj = cls(**dict(zip(names, values, strict=True)))
+                out.append(obj)
             except (EncodeError, DecodeError):  # cross-field checks in __post_init__: from_dict says it
                 return None
             finally:
@@ -287,7 +297,12 @@ def _column_ok(f: Field, col: list[Any]) -> bool:
         if not col:
             return True
     fast = _FAST.get(f.kind)
-    if not (fast is not None and types == {fast}) and not all(_type_ok(f.kind, v) for v in col):
+    if fast is not None and types == {fast}:
+        pass
+    elif f.kind == "float" and types <= {int, float}:
+        if any(v != v for v in col):  # NaN
+            return False
+    elif not all(_type_ok(f.kind, v) for v in col):
         return False
     if f.kind in ("int", "float", "str", "bool"):
         if f.bounds is not None:
