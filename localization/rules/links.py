@@ -225,7 +225,7 @@ def _covers(members: list[list[int]], bit: list[int], full: int, met: int, chose
     # the sets are sorted by size: the first one not met has the fewest nodes to try
     j = ((full & ~met) & -(full & ~met)).bit_length() - 1
     for i in members[j]:
-        _covers(members, bit, full, met | bit[i], chosen + (i,), k, found)
+        _covers(members, bit, full, met | bit[i], (*chosen, i), k, found)
 
 
 def _unique_cover_scan(want: set[frozenset[str]], nodes: list[str], max_group: int,

@@ -9,7 +9,6 @@ from itertools import combinations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from pulse.localization.evidence import LinkWindows
 from pulse.localization.observations import LinkObs
 from pulse.localization.params import LocalizeParams
@@ -87,3 +86,14 @@ def test_link_windows_recent_counts_are_the_windows(obs, since, window):
         recent = [o for o in win if o.end_ns >= since]
         assert (n_recent[row], n_slow[row]) == (len(recent), sum(o.slow for o in recent))
     assert isinstance(n_recent, np.ndarray)
+
+
+@settings(max_examples=300, deadline=None)
+@given(xs=st.lists(st.floats(-1e15, 1e15) | st.integers(-5, 5).map(float) | st.just(float("nan")), max_size=600))
+def test_mad_is_numpys_median_of_deviations(xs):
+    from pulse.localization.robust import mad
+
+    x = np.array(xs, dtype=np.float64)
+    want = float(np.median(np.abs(x - np.median(x)))) if x.size else float("nan")
+    got = mad(x)
+    assert got == want or (got != got and want != want)
