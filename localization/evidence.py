@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,24 @@ def node_of(endpoint: str) -> str:
         if len(_NODE_OF) < 1 << 20:  # bounded: endpoint names come from the input
             _NODE_OF[endpoint] = node
     return node
+
+
+_PAIR_OF: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def node_pairs(links: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """{(node_of(a), node_of(b)) for a, b in links}, from a memo: the rules ask it of
+    every clean link of the job at each evaluation."""
+    get = _PAIR_OF.get
+    out = set()
+    for key in links:
+        pair = get(key)
+        if pair is None:
+            pair = (node_of(key[0]), node_of(key[1]))
+            if len(_PAIR_OF) < 1 << 20:
+                _PAIR_OF[key] = pair
+        out.add(pair)
+    return out
 
 
 class References:

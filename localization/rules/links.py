@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import Evidence, Link, node_of
+from ..evidence import Evidence, Link, node_of, node_pairs
 from ..observations import Finding
 from ..params import LocalizeParams
 from .host import host_hypothesis
@@ -65,11 +65,11 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
     clean links)."""
     if not slow:
         return {}
-    pairs = {(node_of(a), node_of(b)) for a, b in slow}
+    pairs = node_pairs(slow)
     nodes_in = sorted({n for pair in pairs for n in pair})
     covers = [x for x in nodes_in if all(x in pair for pair in pairs)]
     hits = [f for fs in slow.values() for f in fs]
-    clean_pairs = {(node_of(a), node_of(b)) for a, b in clean}
+    clean_pairs = node_pairs(clean)
 
     host = host_hypothesis(slow, clean, p)
     if host:
@@ -131,7 +131,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         # single node that explains them all.
         x = next(iter(suspects))
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
-    sets = {frozenset({f.node} | {node_of(e) for e in f.peer_eps}) for f in hits} or {frozenset(k) for k in pairs}
+    sets = {record_nodes(f) for f in hits} or {frozenset(k) for k in pairs}
     nodes = sorted(set().union(*sets))
     grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
     if grp is None:
@@ -141,8 +141,22 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
 
 def record_suspects(hits: list[Finding]) -> set[str]:
     """Nodes present in every slow record's {its node} + {the nodes it sends to}."""
-    sets = [{f.node} | {node_of(e) for e in f.peer_eps} for f in hits]
-    return set.intersection(*sets) if sets else set()
+    return set(frozenset.intersection(*map(record_nodes, hits))) if hits else set()
+
+
+_RECORD_NODES: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+
+
+def record_nodes(f: Finding) -> frozenset[str]:
+    """{f.node} + the nodes of f.peer_eps (memoised: asked of every slow finding of the
+    window at each evaluation)."""
+    key = (f.node, f.peer_eps)
+    nodes = _RECORD_NODES.get(key)
+    if nodes is None:
+        nodes = frozenset({f.node} | {node_of(e) for e in f.peer_eps})
+        if len(_RECORD_NODES) < 1 << 18:
+            _RECORD_NODES[key] = nodes
+    return nodes
 
 
 def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str]) -> set[str]:
