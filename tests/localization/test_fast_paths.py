@@ -97,3 +97,39 @@ def test_mad_is_numpys_median_of_deviations(xs):
     want = float(np.median(np.abs(x - np.median(x)))) if x.size else float("nan")
     got = mad(x)
     assert got == want or (got != got and want != want)
+
+
+def _send(rank: int, node: str, seq: int, nics: list[str] | None = None):
+    from pulse.records import OpMetrics
+
+    return OpMetrics(job="j", node=node, comm_id="pp", seq=seq, rank=rank, kind="Send", nranks=2,
+                     start_ns=1000 * seq, end_ns=1000 * seq + 500, duration_ns=500, act_ns=500, volume_bytes=8,
+                     expected_bytes=8, complete=True, active_rate=1.0, flows=1, epoch_ns=100, nics=nics)
+
+
+def test_cached_endpoints_follow_the_membership():
+    """The per-rank endpoint cache is dropped when a flow binding or a comm event changes
+    what the endpoints derive from: the view is the one an uncached localizer builds."""
+    from pulse.localization import Localizer
+
+    from pulse.events import CommEvent, FlowEvent
+
+    loc = Localizer()
+    a = _send(0, "n0", 1)
+    before = loc._view("pp", 1, [a])
+    assert before.endpoints == ["n0/pp:0"] and before.peer_eps == [()]
+    loc.add_events([CommEvent(job="j", node="n0", comm_id="pp", rank=0, nranks=2, rings=[[0, 1]]),
+                    CommEvent(job="j", node="n1", comm_id="pp", rank=1, nranks=2, rings=[[0, 1]])])
+    loc.update([])
+    assert loc._view("pp", 2, [a]).peer_eps == [("n1/pp:1",)]
+    loc.update([_send(1, "n1", 4, ["mlx5_5"])])  # a record's own NIC, learnt from the record
+    assert loc._view("pp", 5, [a]).peer_eps == [("n1/mlx5_5",)]
+    loc.add_events([FlowEvent(job="j", node="n0", nic="mlx5_3", flow=7, comm_id="pp", rank=0, peer=1,
+                              direction="send"),
+                    FlowEvent(job="j", node="n1", nic="mlx5_3", flow=9, comm_id="pp", rank=1, peer=0,
+                              direction="send")])
+    after = loc._view("pp", 3, [a])
+    fresh = Localizer()
+    fresh.topo = loc.topo
+    assert after.endpoints == fresh._view("pp", 3, [a]).endpoints == ["n0/mlx5_3"]
+    assert after.peer_eps == fresh._view("pp", 3, [a]).peer_eps == [("n1/mlx5_3",)]
