@@ -84,12 +84,22 @@ class DecisionBook:
         self._told_degraded: dict[str, frozenset[str]] = {}
 
     def decide(self, ev: Evidence, touched: set[str], job: str, final: bool,
-               hypotheses: Callable[[], dict[Key, Hypothesis]]) -> list[Verdict]:
+               hypotheses: Callable[[], dict[Key, Hypothesis]], missed: list[str] | None = None) -> list[Verdict]:
         """After one judged operator (of nodes ``touched``): report nodes without data,
-        re-evaluate the hypotheses when due, open / repeat / clear incidents."""
+        re-evaluate the hypotheses when due, open / repeat / clear incidents. ``missed``:
+        the nodes whose missing count this operator raised (None: look at every node)."""
         p = self.p
         out: list[Verdict] = []
-        for node, c in ev.missing.items():
+        if missed is None:
+            due = list(ev.missing.items())
+        else:
+            # only a count raised now can have reached missing_ops since the last call
+            # (every node at it then was reported and is insufficient): no scan of every node
+            due = [(n, ev.missing[n]) for n in dict.fromkeys(missed)]
+            if len(due) > 1:
+                order = {n: i for i, n in enumerate(ev.missing)}
+                due.sort(key=lambda nc: order[nc[0]])
+        for node, c in due:
             if c >= p.missing_ops and node not in ev.insufficient:
                 ev.insufficient.add(node)
                 out.append(verdict(job, ev, "insufficient-data", None, "node", (node,), [], [], 0.5,
@@ -162,7 +172,7 @@ class DecisionBook:
 
     def healthy(self, job: str, ev: Evidence) -> Verdict:
         self.since_healthy = 0
-        nodes = sorted({node_of(k[0]) for k in ev.links.obs} - ev.insufficient)
+        nodes = sorted(ev.links.senders - ev.insufficient)
         degraded = {**{n: {"no_epoch_data": 1} for n, k in self._told_degraded.items() if k == _NO_DATA},
                     **ev.degraded}
         extra: dict[str, Any] = {"degraded": degraded} if degraded else {}

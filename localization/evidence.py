@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict, deque
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -38,8 +39,35 @@ Link = tuple[str, str]
 """(sender endpoint, receiver endpoint), each node/nic."""
 
 
+_NODE_OF: dict[str, str] = {}
+"""endpoint -> node: the rules ask it for every link of every window at each evaluation."""
+
+
 def node_of(endpoint: str) -> str:
-    return endpoint.split("/", 1)[0]
+    node = _NODE_OF.get(endpoint)
+    if node is None:
+        node = endpoint.split("/", 1)[0]
+        if len(_NODE_OF) < 1 << 20:  # bounded: endpoint names come from the input
+            _NODE_OF[endpoint] = node
+    return node
+
+
+_PAIR_OF: dict[tuple[str, str], tuple[str, str]] = {}
+
+
+def node_pairs(links: Iterable[tuple[str, str]]) -> set[tuple[str, str]]:
+    """{(node_of(a), node_of(b)) for a, b in links}, from a memo: the rules ask it of
+    every clean link of the job at each evaluation."""
+    get = _PAIR_OF.get
+    out = set()
+    for key in links:
+        pair = get(key)
+        if pair is None:
+            pair = (node_of(key[0]), node_of(key[1]))
+            if len(_PAIR_OF) < 1 << 20:
+                _PAIR_OF[key] = pair
+        out.add(pair)
+    return out
 
 
 class References:
@@ -83,6 +111,19 @@ class LinkWindows:
         self.hot: dict[Link, None] = {}
         """Links with at least persist_ops slow observations (candidates for link_state)."""
 
+        self.keys: list[Link] = []
+        """Row -> link of the column copies below."""
+        self.senders: set[str] = set()
+        """Nodes at the sending end of a link with observations."""
+        self._row: dict[Link, int] = {}
+        self._pos: list[int] = []
+        # each window's ends and slow flags again as rows of arrays (ring order), so the
+        # clean-link scan over every link is one vectorised pass instead of a Python loop
+        # over every observation of the job
+        self._ends = np.zeros((64, p.window_ops), np.int64)
+        self._slow = np.zeros((64, p.window_ops), np.bool_)
+        self._fill = np.zeros(64, np.int64)
+
     def add(self, lk: LinkObs) -> None:
         key = (lk.src, lk.dst)
         win = self.obs[key]
@@ -90,6 +131,15 @@ class LinkWindows:
             self.n_slow -= 1
             self.slow_count[key] -= 1
         win.append(lk)
+        row = self._row.get(key)
+        if row is None:
+            row = self._new_row(key)
+        pos = self._pos[row]
+        self._ends[row, pos] = lk.end_ns
+        self._slow[row, pos] = lk.slow
+        self._pos[row] = (pos + 1) % self.p.window_ops
+        if pos >= self._fill[row]:
+            self._fill[row] = pos + 1
         if lk.slow:
             self.n_slow += 1
             self.slow_count[key] += 1
@@ -97,6 +147,27 @@ class LinkWindows:
             self.hot[key] = None
         else:
             self.hot.pop(key, None)
+
+    def _new_row(self, key: Link) -> int:
+        row = len(self.keys)
+        if row == len(self._fill):
+            grow = len(self._fill)
+            self._ends = np.concatenate([self._ends, np.zeros_like(self._ends[:grow])])
+            self._slow = np.concatenate([self._slow, np.zeros_like(self._slow[:grow])])
+            self._fill = np.concatenate([self._fill, np.zeros_like(self._fill)])
+        self.keys.append(key)
+        self.senders.add(node_of(key[0]))
+        self._row[key] = row
+        self._pos.append(0)
+        return row
+
+    def recent(self, since: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of :attr:`keys`: how many observations of its window ended at or after
+        ``since``, and how many of those were slow."""
+        n = len(self.keys)
+        valid = np.arange(self.p.window_ops) < self._fill[:n, None]
+        recent = valid & (self._ends[:n] >= since)
+        return recent.sum(axis=1), (recent & self._slow[:n]).sum(axis=1)
 
 
 class Lateness:
@@ -154,6 +225,8 @@ class LateBaselines:
         self.rises: dict[tuple[int, bool], deque[float]] = defaultdict(
             lambda: deque(maxlen=p.late_spread_size))
         """communicator shape -> the newest rises of its ranks above their baselines."""
+        self._spread_n: dict[tuple[int, bool], int] = {}
+        self._spread_sigma: dict[tuple[int, bool], tuple[int, float]] = {}
 
     @staticmethod
     def shape(r: OpMetrics) -> tuple[int, bool]:
@@ -170,7 +243,13 @@ class LateBaselines:
         dev = self.spread.get(shape)
         if dev is None or len(dev) < self.p.late_spread_min:
             return None
-        sigma = MAD_TO_SIGMA * mad(np.fromiter(dev, np.float64, len(dev)))
+        n = self._spread_n.get(shape, 0)
+        hit = self._spread_sigma.get(shape)
+        if hit is not None and hit[0] == n:
+            sigma = hit[1]
+        else:  # the spread only changes when a baseline completes: its sigma is kept until then
+            sigma = MAD_TO_SIGMA * mad(np.fromiter(dev, np.float64, len(dev)))
+            self._spread_sigma[shape] = (n, sigma)
         rises = self.rises.get(shape)
         if rises is not None and len(rises) >= self.p.late_spread_min:
             sigma = max(sigma, MAD_TO_SIGMA * mad(np.fromiter(rises, np.float64, len(rises))))
@@ -184,7 +263,12 @@ class LateBaselines:
         if not lags:
             return []
         shape = self.shape(ordered[0])
-        th = self.threshold(shape, ordered[0].epoch_ns)
+        # the threshold is at least late_floor_epochs epochs: below that no rise needs it
+        # (it costs two medians over the spread and the recent rises)
+        floor = self.p.late_floor_epochs * ordered[0].epoch_ns
+        base_of = self.base.get
+        need = any((b := base_of((comm, ordered[i].rank))) is not None and lag - b >= floor for i, lag in lags)
+        th = self.threshold(shape, ordered[0].epoch_ns) if need else None
         out: list[tuple[int, float, float]] = []
         for i, lag in lags:
             key = (comm, ordered[i].rank)
@@ -195,6 +279,7 @@ class LateBaselines:
                 if len(first) >= self.p.late_base_ops:
                     self.base[key] = median(first)
                     self.spread[shape].extend(x - self.base[key] for x in first)
+                    self._spread_n[shape] = self._spread_n.get(shape, 0) + 1
                     del self._first[key]
                 continue
             self.rises[shape].append(lag - base)
@@ -244,6 +329,7 @@ class RailEvidence:
         self.siblings: dict[tuple[Any, ...], list[tuple[int, int, str]]] = {}
         self.records: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=p.rail_max_records)
         self._comm_nodes: dict[str, frozenset[str]] = {}
+        self._with_node: dict[tuple[str, str], frozenset[str]] = {}
 
     def member_nodes(self, comm: str) -> frozenset[str]:
         nodes = self._comm_nodes.get(comm)
@@ -255,7 +341,12 @@ class RailEvidence:
         return nodes
 
     def key(self, m: OpMetrics) -> tuple[Any, ...]:
-        return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, self.member_nodes(m.comm_id) | {m.node})
+        nodes = self._with_node.get((m.comm_id, m.node))
+        if nodes is None:
+            nodes = self.member_nodes(m.comm_id) | {m.node}
+            if m.comm_id in self._comm_nodes:  # complete membership: one set (and hash) per rank
+                self._with_node[(m.comm_id, m.node)] = nodes
+        return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, nodes)
 
     def note_record(self, m: OpMetrics) -> None:
         if m.complete and m.kind != GROUPED and m.t_host_ns is not None:

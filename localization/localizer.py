@@ -66,6 +66,9 @@ class Localizer:
         self._max_seq: dict[str, int] = {}
         self._closed_upto: dict[str, int] = {}
         self._final = False
+        self._eps: dict[tuple[str, int, str, tuple[str, ...] | None], str] = {}
+        self._peer_eps: dict[tuple[str, int, str], tuple[str, ...]] = {}
+        self._eps_version = -1
 
     # -- input ------------------------------------------------------------------------------
 
@@ -152,14 +155,34 @@ class Localizer:
         return known[0] if known else f"{node}/{comm}:{rank}"
 
     def _view(self, comm: str, seq: int, ordered: list[OpMetrics]) -> OpView:
-        members = dict(self.topo.members(comm))
+        topo = self.topo
+        if topo.version != self._eps_version:
+            # endpoints and peers only change with the membership: computed once per rank
+            # (sorting NIC sets per record was a good part of each operator's cost)
+            self._eps.clear()
+            self._peer_eps.clear()
+            self._eps_version = topo.version
+        known = topo.members(comm)
+        members = dict(known)
         for r in ordered:
             members.setdefault(r.rank, r.node)
-        endpoints = [self._endpoint(comm, r.rank, r.node, r.nics) for r in ordered]
+        endpoints = []
         peer_eps = []
         for r in ordered:
-            eps = {self._endpoint(comm, pr, members.get(pr, "?")) for pr in self.topo.peers_of(comm, r.rank)}
-            peer_eps.append(tuple(sorted(e for e in eps if node_of(e) not in (r.node, "?"))))
+            key = (comm, r.rank, r.node, tuple(r.nics) if r.nics else None)
+            ep = self._eps.get(key)
+            if ep is None:
+                ep = self._eps[key] = self._endpoint(comm, r.rank, r.node, r.nics)
+            endpoints.append(ep)
+            pkey = (comm, r.rank, r.node)
+            pe = self._peer_eps.get(pkey)
+            if pe is None:
+                peers = topo.peers_of(comm, r.rank)
+                eps = {self._endpoint(comm, pr, members.get(pr, "?")) for pr in peers}
+                pe = tuple(sorted(e for e in eps if node_of(e) not in (r.node, "?")))
+                if all(pr in known for pr in peers):  # else the records' own nodes were used
+                    self._peer_eps[pkey] = pe
+            peer_eps.append(pe)
         return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps, self._stalled(ordered))
 
     def _stalled(self, ordered: list[OpMetrics]) -> list[bool]:
@@ -203,9 +226,11 @@ class Localizer:
                 ev.late.add(r.node, comm, late.get(r.rank))
         for node, w in j.waits:
             ev.late.add_wait(node, w)
+        missed: list[str] = []
         for f in j.findings:
             if f.kind == MISSING:
                 ev.missing[f.node] += 1
+                missed.append(f.node)
             elif f.kind == STALL:
                 ev.stops.stalls.append(f)
             elif f.kind == ABSENT:
@@ -218,7 +243,7 @@ class Localizer:
             ev.insufficient.discard(ordered[i].node)
         judge_rails(ev, p, comm, ordered, view.endpoints, view.peer_eps)
         touched = {node_of(e) for e in view.endpoints}
-        return self.book.decide(ev, touched, self.job or "", self._final, self._hypotheses)
+        return self.book.decide(ev, touched, self.job or "", self._final, self._hypotheses, missed)
 
     def _hypotheses(self) -> dict[Key, Hypothesis]:
         return hypotheses(self.ev, self.p, {n for inc in self.book.open.values() for n in inc.nodes})

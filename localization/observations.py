@@ -148,26 +148,27 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
     n = len(view.recs)
     if n == 0:
         return out
-    complete = np.array([r.complete for r in view.recs])
+    complete = [r.complete for r in view.recs]
+    all_complete = all(complete)
     missing = view.missing
     if missing:
-        if complete.all():
+        if all_complete:
             for rk in missing:
                 node = view.members[rk]
                 out.findings.append(Finding(MISSING, view.comm_id, view.seq, rk, node, node, float("nan"),
                                             float("nan"), "records", view.recs[0].start_ns, view.recs[0].end_ns))
             return out
         if any(view.stalled):
-            r0 = view.recs[int(np.flatnonzero(~complete)[0])]
+            r0 = view.recs[complete.index(False)]
             for rk in missing:
                 node = view.members[rk]
                 out.findings.append(Finding(ABSENT, view.comm_id, view.seq, rk, node, node, 0.0,
                                             float(n), "started", r0.start_ns, r0.end_ns))
-    if not complete.all():
+    if not all_complete:
         if any(view.stalled):
             exp = view.col("expected_bytes")
             frac = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
-            for i in np.flatnonzero(~complete):
+            for i in [i for i, c in enumerate(complete) if not c]:
                 if view.stalled[int(i)] and not _stalled_on_late_peer(view, int(i), p):
                     out.findings.append(_finding(view, int(i), STALL, "sent_fraction", frac[i],
                                                  median(np.delete(frac, i)) if n > 1 else 1.0))
@@ -232,18 +233,23 @@ def slow_act_bound(ref: float, epoch: float, p: LocalizeParams) -> float:
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:
     if ref is None or ref <= 0:
         return
-    act = view.col("act_ns")
-    epoch = float(view.recs[0].epoch_ns)
+    recs = view.recs
+    epoch = float(recs[0].epoch_ns)
     if ref < p.min_act_epochs * epoch:
         return
-    slow = act >= slow_act_bound(ref, epoch, p)
-    top = act >= act.max() - max(epoch, p.act_top_frac * act.max())
-    exp = view.col("expected_bytes")
-    vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
-    resent = vol >= 1.0 + p.vol_excess
-    slow_op = bool(slow.any() or resent.any())
-    for i in range(act.size):
-        blamed = bool((slow[i] and top[i]) or resent[i])
+    # plain floats (the same float64 arithmetic): an operator has one to a few records,
+    # where numpy's per-call cost was most of the work
+    act = [float(r.act_ns) for r in recs]
+    bound = slow_act_bound(ref, epoch, p)
+    amax = max(act)
+    top_from = amax - max(epoch, p.act_top_frac * amax)
+    vol = [float(r.volume_bytes) / max(float(r.expected_bytes), 1.0) if r.expected_bytes > 0 else 1.0
+           for r in recs]
+    slow = [a >= bound for a in act]
+    resent = [v >= 1.0 + p.vol_excess for v in vol]
+    slow_op = any(slow) or any(resent)
+    for i in range(len(act)):
+        blamed = (slow[i] and act[i] >= top_from) or resent[i]
         f = None
         if resent[i]:
             f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
@@ -251,7 +257,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             f = _finding(view, i, ACT, "act_ns", act[i], ref)
         if not slow_op or blamed:
             for d in view.peer_eps[i]:
-                out.links.append(LinkObs(view.endpoints[i], d, blamed, f, view.recs[i].end_ns))
+                out.links.append(LinkObs(view.endpoints[i], d, blamed, f, recs[i].end_ns))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
 

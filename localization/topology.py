@@ -24,10 +24,14 @@ class Topology:
         self.rank_pid: dict[tuple[str, int], int] = {}
         self.rings: dict[str, list[list[int]]] = {}
         self.job: str | None = None
+        self.version = 0
+        """Bumped whenever what a rank's endpoints or peers derive from changes (callers
+        cache them per version)."""
 
     def add(self, events: Iterable[HookEvent]) -> None:
         for e in events:
             if isinstance(e, CommEvent) and e.rank is not None:  # rank None: not known yet
+                self.version += 1
                 self._set_node(e.comm_id, e.rank, e.node, replace=True)
                 self.nranks[e.comm_id] = e.nranks
                 if e.pid is not None:
@@ -38,6 +42,7 @@ class Topology:
                     self.job = e.job
             elif isinstance(e, FlowEvent) and e.bound:
                 key = (e.comm_id, e.rank)  # type: ignore[arg-type]
+                self.version += 1
                 self._set_node(e.comm_id, e.rank, e.node)  # type: ignore[arg-type]
                 self.rank_nics[key].add(f"{e.node}/{e.nic}")  # type: ignore[index]
                 if e.direction == "send":
@@ -46,13 +51,20 @@ class Topology:
     def learn_rank(self, comm_id: str, rank: int, node: str, nranks: int, nics: Iterable[str] | None) -> None:
         """Fill gaps from operator metrics (a job without comm events still has a membership)."""
         self._set_node(comm_id, rank, node)
-        self.nranks.setdefault(comm_id, nranks)
+        if comm_id not in self.nranks:
+            self.nranks[comm_id] = nranks
+            self.version += 1
         if nics:
+            have = self.rank_nics[(comm_id, rank)]
             for n in nics:
-                self.rank_nics[(comm_id, rank)].add(n if "/" in n else f"{node}/{n}")
+                ep = n if "/" in n else f"{node}/{n}"
+                if ep not in have:
+                    have.add(ep)
+                    self.version += 1
 
     def _set_node(self, comm_id: str, rank: int, node: str, *, replace: bool = False) -> None:
         if replace or (comm_id, rank) not in self.rank_node:
+            self.version += 1
             self.rank_node[(comm_id, rank)] = node
             self._by_comm.setdefault(comm_id, {})[rank] = node
 

@@ -238,6 +238,95 @@ class Record:
             _decoding.active = False
 
 
+    @classmethod
+    def from_dicts(cls: type[T], items: list[Any]) -> list[T] | None:
+        """Many records at once, each checked exactly as :meth:`from_dict` checks it, but
+        field by field over the whole list (a packed message's records repeat the same
+        few names and kinds, checked once per distinct value); None when any record would
+        fail (or has fields whose presence decides its version): decode those one by one
+        to get the error that names it."""
+        known = _known(cls.FIELDS)
+        if _versioned(cls.FIELDS) or not items:
+            return None
+        allowed = known | {"type", "v"}
+        for d in items:
+            if type(d) is not dict or not allowed.issuperset(d):
+                return None
+            if d.get("type", cls.TYPE) != cls.TYPE:
+                return None
+            v = d.get("v")
+            if type(v) is not int or not 1 <= v <= cls.VERSION:
+                return None
+        cols: dict[str, list[Any]] = {}
+        for f in cls.FIELDS:
+            col = [d.get(f.name) for d in items]
+            if not _column_ok(f, col):
+                return None
+            cols[f.name] = col
+        names = list(cols)
+        # what the dataclass constructor does (set every field, then __post_init__), without
+        # its keyword call per record; a class with fields outside FIELDS takes the call
+        direct = [f[0] for f in _defaults(cls)] == names  # type: ignore[arg-type]
+        post = cls.__post_init__  # type: ignore[attr-defined]
+        out: list[T] = []
+        for values in zip(*cols.values(), strict=True):
+            _decoding.active = True
+            try:
+                if direct:
+                    obj = object.__new__(cls)
+                    obj.__dict__.update(zip(names, values, strict=True))
+                    post(obj)
+                else:
+                    obj = cls(**dict(zip(names, values, strict=True)))
+                out.append(obj)
+            except (EncodeError, DecodeError):  # cross-field checks in __post_init__: from_dict says it
+                return None
+            finally:
+                _decoding.active = False
+        return out
+
+
+def _column_ok(f: Field, col: list[Any]) -> bool:
+    """Whether every value of one field's column passes :func:`validate_fields`'s checks."""
+    types = set(map(type, col))
+    if type(None) in types:
+        if f.required:
+            return False
+        col = [v for v in col if v is not None]
+        types.discard(type(None))
+        if not col:
+            return True
+    fast = _FAST.get(f.kind)
+    if fast is not None and types == {fast}:
+        pass
+    elif f.kind == "float" and types <= {int, float}:
+        if any(v != v for v in col):  # NaN
+            return False
+    elif not all(_type_ok(f.kind, v) for v in col):
+        return False
+    if f.kind in ("int", "float", "str", "bool"):
+        if f.bounds is not None:
+            lo, hi = f.bounds
+            if not (lo <= min(col) and max(col) <= hi):
+                return False
+        if f.choices is None and f.check is None:
+            return True
+        distinct = set(col)
+        if f.choices is not None and not distinct.issubset(f.choices):
+            return False
+        return f.check is None or all(f.check(v) is None for v in distinct)
+    for v in col:  # lists and free-form values: as validate_fields checks them
+        if f.choices is not None and v not in f.choices:
+            return False
+        if f.bounds is not None:
+            lo, hi = f.bounds
+            if not all(lo <= x <= hi for x in v):
+                return False
+        if f.check is not None and f.check(v) is not None:
+            return False
+    return True
+
+
 MAX_MESSAGE_BYTES = 16 << 20
 """Largest message any decoder accepts (``Settings.max_message_bytes``, PULSE_MAX_MESSAGE_BYTES,
 has the same default): checked before parsing, so a huge message costs nothing but its read.
@@ -259,9 +348,11 @@ def loads(raw: bytes | bytearray | memoryview | str, where: str, max_bytes: int 
 
 
 def unpack(data: dict[str, Any], where: str, *, what: str, key: str, limit: int,
-           decode: Callable[[Any, str], T], same: str) -> list[T]:
+           decode: Callable[[Any, str], T], same: str,
+           decode_all: Callable[[list[Any]], list[T] | None] | None = None) -> list[T]:
     """The records of a packed message ``{"type": ..., "v": 1, key: [...]}`` (the caller
-    checked the type), each decoded with ``decode(item, where)``; all or nothing, and every
+    checked the type), each decoded with ``decode(item, where)`` (or all at once by
+    ``decode_all``, None when one would fail); all or nothing, and every
     record must share the first one's ``same`` attribute (one node's events, one job's
     metrics)."""
     version = data.get("v")
@@ -275,7 +366,9 @@ def unpack(data: dict[str, Any], where: str, *, what: str, key: str, limit: int,
         raise DecodeError(f"{where}: packed {what}: '{key}' must be a non-empty list")
     if len(items) > limit:
         raise DecodeError(f"{where}: packed {what}: {len(items)} {key}, at most {limit}")
-    out = [decode(item, f"{where} {key}[{i}]") for i, item in enumerate(items)]
+    out = decode_all(items) if decode_all is not None else None
+    if out is None:  # one by one: the first bad item's error names it
+        out = [decode(item, f"{where} {key}[{i}]") for i, item in enumerate(items)]
     first = getattr(out[0], same)
     for i, rec in enumerate(out):
         if getattr(rec, same) != first:

@@ -341,7 +341,7 @@ def op_metrics_from_dict(data: Any, where: str = "op-metrics") -> list[OpMetrics
     if data.get("type") != PACKED_OP_METRICS_TYPE:
         return [OpMetrics.from_dict(data, where)]
     return unpack(data, where, what="op-metrics", key="records", limit=PACKED_MAX_RECORDS,
-                  decode=OpMetrics.from_dict, same="job")
+                  decode=OpMetrics.from_dict, same="job", decode_all=OpMetrics.from_dicts)
 
 
 def decode_op_metrics_many(raw: bytes | bytearray | memoryview | str, where: str = "op-metrics") -> list[OpMetrics]:

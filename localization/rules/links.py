@@ -22,7 +22,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import Evidence, Link, node_of
+from ..evidence import Evidence, Link, node_of, node_pairs
 from ..observations import Finding
 from ..params import LocalizeParams
 from .host import host_hypothesis
@@ -49,12 +49,9 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
         # The starts and the observations' ends are on different nodes' clocks: only an
         # observation ending a skew bound after ``since`` surely followed it.
         since = int(np.median([f.start_ns for fs in slow.values() for f in fs])) + p.clock_skew_ns
-        for key, obs in links.obs.items():
-            if key in slow:
-                continue
-            recent = [o for o in obs if o.end_ns >= since]
-            if len(recent) >= p.link_min_obs and sum(o.slow for o in recent) <= p.clean_max_slow_frac * len(recent):
-                clean.add(key)
+        n_recent, n_slow = links.recent(since)
+        ok = (n_recent >= p.link_min_obs) & (n_slow <= p.clean_max_slow_frac * n_recent)
+        clean = {key for key in map(links.keys.__getitem__, np.flatnonzero(ok).tolist()) if key not in slow}
     return slow, clean
 
 
@@ -68,11 +65,11 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
     clean links)."""
     if not slow:
         return {}
-    pairs = {(node_of(a), node_of(b)) for a, b in slow}
+    pairs = node_pairs(slow)
     nodes_in = sorted({n for pair in pairs for n in pair})
     covers = [x for x in nodes_in if all(x in pair for pair in pairs)]
     hits = [f for fs in slow.values() for f in fs]
-    clean_pairs = {(node_of(a), node_of(b)) for a, b in clean}
+    clean_pairs = node_pairs(clean)
 
     host = host_hypothesis(slow, clean, p)
     if host:
@@ -134,7 +131,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         # single node that explains them all.
         x = next(iter(suspects))
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
-    sets = {frozenset({f.node} | {node_of(e) for e in f.peer_eps}) for f in hits} or {frozenset(k) for k in pairs}
+    sets = {record_nodes(f) for f in hits} or {frozenset(k) for k in pairs}
     nodes = sorted(set().union(*sets))
     grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
     if grp is None:
@@ -144,8 +141,22 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
 
 def record_suspects(hits: list[Finding]) -> set[str]:
     """Nodes present in every slow record's {its node} + {the nodes it sends to}."""
-    sets = [{f.node} | {node_of(e) for e in f.peer_eps} for f in hits]
-    return set.intersection(*sets) if sets else set()
+    return set(frozenset.intersection(*map(record_nodes, hits))) if hits else set()
+
+
+_RECORD_NODES: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
+
+
+def record_nodes(f: Finding) -> frozenset[str]:
+    """{f.node} + the nodes of f.peer_eps (memoised: asked of every slow finding of the
+    window at each evaluation)."""
+    key = (f.node, f.peer_eps)
+    nodes = _RECORD_NODES.get(key)
+    if nodes is None:
+        nodes = frozenset({f.node} | {node_of(e) for e in f.peer_eps})
+        if len(_RECORD_NODES) < 1 << 18:
+            _RECORD_NODES[key] = nodes
+    return nodes
 
 
 def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str]) -> set[str]:
@@ -155,13 +166,22 @@ def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], n
     sends into two congested downlinks (battery switch-congestion: node-06 -> node-02,
     node-07 -> node-03) are covered by the receivers, the senders or one of each alike; the
     senders' clean ring sends leave the receivers."""
+    out_of: dict[str, set[str]] = {}
+    into: dict[str, set[str]] = {}
+    for a, b in pairs:
+        out_of.setdefault(a, set()).add(b)
+        into.setdefault(b, set()).add(a)
+    clean_out: dict[str, list[str]] = {}
+    clean_in: dict[str, list[str]] = {}
+    for a, b in clean_pairs:
+        clean_out.setdefault(a, []).append(b)
+        clean_in.setdefault(b, []).append(a)
     out = set()
     for x in nodes:
-        sends = any(a == x for a, _ in pairs)
-        gets = any(b == x for _, b in pairs)
-        partners = {b for a, b in pairs if a == x} | {a for a, b in pairs if b == x}
-        ok_out = any(a == x and b not in partners for a, b in clean_pairs)
-        ok_in = any(b == x and a not in partners for a, b in clean_pairs)
+        sends, gets = x in out_of, x in into
+        partners = out_of.get(x, set()) | into.get(x, set())
+        ok_out = any(b not in partners for b in clean_out.get(x, ()))
+        ok_in = any(a not in partners for a in clean_in.get(x, ()))
         if (sends or gets) and (not sends or ok_out) and (not gets or ok_in):
             out.add(x)
     return out
@@ -175,9 +195,58 @@ def unique_cover(sets: Iterable[Iterable[str]], nodes: list[str], max_group: int
     resend to each other (a lossy link under a 3-rank tree, where every rank sends to both
     others) are each one such set: the records do not say which, and a guess names a
     healthy node."""
+    want = {frozenset(s) for s in sets}
+    index = {x: i for i, x in enumerate(nodes)}
+    if not want or len(index) < len(nodes):
+        return _unique_cover_scan(want, nodes, max_group, exclude)
+    # Every cover of size k holds a node of each set; below the first size with a cover,
+    # none holds a node it could do without. So covers of size k are found by choosing,
+    # k times, a node of the smallest set not met yet: a few branches per record where
+    # scanning every k-combination of the nodes grew as nodes^k.
+    members = sorted((sorted(index[x] for x in s if x in index) for s in want), key=len)
+    if not members[0]:
+        return None  # a set no node can meet
+    bit = [0] * len(nodes)
+    for j, m in enumerate(members):
+        for i in m:
+            bit[i] |= 1 << j
+    full = (1 << len(members)) - 1
+    for k in range(1, max_group + 1):
+        found: set[tuple[int, ...]] = set()
+        _covers(members, bit, full, 0, (), k, found)
+        if not found:
+            continue
+        covers = [tuple(nodes[i] for i in c) for c in sorted(found)]
+        if exclude:
+            # covers holding a node whose part is seen healthy elsewhere are not explanations
+            covers = [c for c in covers if not exclude & set(c)]
+            if not covers:
+                return None
+        return covers[0] if len(covers) == 1 else None
+    return None
+
+
+def _covers(members: list[list[int]], bit: list[int], full: int, met: int, chosen: tuple[int, ...], k: int,
+            found: set[tuple[int, ...]]) -> None:
+    """Adds to ``found`` every way (sorted node indices) of meeting all sets with ``k``
+    nodes, given those ``chosen`` so far (meeting the sets of mask ``met``)."""
+    if met == full:
+        if len(chosen) == k:
+            found.add(tuple(sorted(chosen)))
+        return
+    if len(chosen) == k:
+        return
+    # the sets are sorted by size: the first one not met has the fewest nodes to try
+    j = ((full & ~met) & -(full & ~met)).bit_length() - 1
+    for i in members[j]:
+        _covers(members, bit, full, met | bit[i], (*chosen, i), k, found)
+
+
+def _unique_cover_scan(want: set[frozenset[str]], nodes: list[str], max_group: int,
+                       exclude: set[str] | None) -> tuple[str, ...] | None:
+    """:func:`unique_cover` by scanning every combination (no sets, or repeated nodes)."""
     from itertools import combinations
 
-    want = [frozenset(s) for s in sets]
     for k in range(1, max_group + 1):
         found = [c for c in combinations(nodes, k) if all(not s.isdisjoint(c) for s in want)]
         if found and exclude:
