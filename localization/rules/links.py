@@ -17,7 +17,7 @@ Physical facts relied on:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
@@ -100,7 +100,7 @@ def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]
 
 
 def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
-            sends: bool, outside: tuple[str, ...]) -> bool:
+            sends: bool, outside: Collection[str]) -> bool:
     """Whether ``x``'s clean traffic with nodes not in ``outside`` shows its NIC (its sends
     when ``sends``, else what it receives) moving more than x's slow links of that direction
     got: then a cap at x does not explain them. Without rates (unknown), any clean link
