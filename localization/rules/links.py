@@ -25,7 +25,7 @@ from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, Link, node_of
 from ..observations import Finding
 from ..params import LocalizeParams
-from .host import host_hypothesis
+from .host import host_hypothesis, host_shaped
 
 
 def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link]]:
@@ -154,6 +154,11 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
     if len(covers) == 1:
         x = covers[0]
+        if host_shaped(slow, p, x):
+            # x's sends slow far more than what it receives, on several NICs: its host
+            # (asked first above) is waiting for its receivers to be seen receiving cleanly
+            # from others; a fault of x's NIC or PCIe would slow both directions alike
+            return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
