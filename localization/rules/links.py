@@ -180,6 +180,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             # (a PCIe-capped node's all-to-all, bound by fan-in, keeps its usual pace): the
             # other end's cap explains every slow link
             x = covers[0] if ok[0] == covers[1] else covers[1]
+            if host_shaped(slow, p, x):
+                return {}  # x's sends only, or far more than what it receives: its host's shape
             return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
         if all(by_path(s, d) for s, d in pairs):
             if len(nic_pairs) < p.path_min_links:

@@ -223,3 +223,23 @@ def test_neither_end_shown_faster_than_the_slow_links_waits():
     slow, cl = link_state(ev, p)
     assert slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl)) == {}
     assert list(slow_link_hypotheses(slow, cl, p)) == [("path", ("a", "b"))]  # rates unknown: as before
+
+
+def test_one_sided_slowness_of_a_node_whose_partner_is_cleared_waits_for_the_host_rule():
+    # x -> y slow on two NICs, nothing into x slow; y carries its other traffic faster than
+    # the slow links went (cleared), x does not: the other-end rule would name x's NIC, but
+    # only x's sends are slow - its host's shape, which waits for the host rule
+    from pulse.localization.observations import LinkObs
+    from pulse.localization.rules.links import link_state, shown_rates
+
+    ev, p = evidence(clock_skew_ns=0)
+    for k in (0, 1):
+        for i in range(6):
+            f = finding(ACT, "x", seq=i, endpoint=ep("x", k), value=4.0, start=i * MS, end=i * MS + 1,
+                        to=(ep("y", k),))
+            ev.links.add(LinkObs(ep("x", k), ep("y", k), True, f, i * MS + 1, 10.0, 12.0))
+    for src, dst, rate in (("y", "c", 43.0), ("c", "y", 43.0), ("x", "c", 11.0)):
+        for i in range(6):
+            ev.links.add(LinkObs(ep(src), ep(dst), False, None, (i + 6) * MS, rate, rate * 1.05))
+    slow, cl = link_state(ev, p)
+    assert slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl)) == {}
