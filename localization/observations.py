@@ -240,7 +240,9 @@ def slow_act_bound(ref: float, epoch: float, p: LocalizeParams) -> float:
 
 def rate_bounds(r: OpMetrics) -> tuple[float, float]:
     """(lowest, highest) rate (bytes/ns) a record's NIC may have sent at while active: its
-    ACT counts active epochs, so the time it stands for is known to an epoch either way."""
+    ACT counts active epochs, so the time it stands for is known to an epoch either way
+    (from two epochs on; a one-epoch record's highest is taken at one epoch: no record that
+    short is slow, ``min_act_epochs``)."""
     if r.act_ns <= 0 or r.volume_bytes <= 0:
         return 0.0, 0.0
     e = float(r.epoch_ns)
