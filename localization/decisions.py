@@ -71,6 +71,15 @@ def on_slow_link(ev: Evidence, nodes: tuple[str, ...]) -> bool:
     return any(node_of(a) in nodes or node_of(b) in nodes for a, b in ev.links.hot)
 
 
+def on_stalled_rail(ev: Evidence, nics: list[str]) -> bool:
+    """Whether a rail-late record still kept (``rail_keep_ns``) stalled on one of ``nics``,
+    at either end of its link."""
+    if not nics:
+        return False
+    mine = set(nics)
+    return any(f.endpoint in mine or mine.intersection(f.peer_eps) for f, _m in ev.rail.records)
+
+
 class DecisionBook:
     """Open incidents of one job, and when the hypotheses were last evaluated."""
 
@@ -156,10 +165,13 @@ class DecisionBook:
             if key in hyps:
                 continue
             cur = self.open[key]
-            if touched & set(cur.nodes) and not (cur.kind in _LINK_KINDS and on_slow_link(ev, cur.nodes)):
+            if touched & set(cur.nodes) and not (cur.kind in _LINK_KINDS and (
+                    on_slow_link(ev, cur.nodes) or on_stalled_rail(ev, cur.nics))):
                 # an operator is clean for a link fault only once its nodes left the
                 # persistently slow links: a hypothesis that waits for evidence (a once-a-step
-                # ring not sampled since the slowness began) has not seen the fault go
+                # ring not sampled since the slowness began) has not seen the fault go; nor
+                # has a NIC whose stalls are still recent (a flap stalls it once a period and
+                # the operators in between are clean)
                 cur.clean_run += 1
             if cur.clean_run >= p.clear_ops:
                 del self.open[key]

@@ -246,7 +246,9 @@ class Localizer:
         return self.book.decide(ev, touched, self.job or "", self._final, self._hypotheses, missed)
 
     def _hypotheses(self) -> dict[Key, Hypothesis]:
-        return hypotheses(self.ev, self.p, {n for inc in self.book.open.values() for n in inc.nodes})
+        opened = self.book.open.values()
+        return hypotheses(self.ev, self.p, {n for inc in opened for n in inc.nodes},
+                          {e for inc in opened if inc.kind in ("network-slow", "network-stop") for e in inc.nics})
 
 
 def localize(metrics: Iterable[OpMetrics], events: Iterable[HookEvent],

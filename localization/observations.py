@@ -93,6 +93,15 @@ class LinkObs:
     slow: bool
     finding: Finding | None = None
     end_ns: int = 0
+    rate_lo: float = 0.0
+    rate_hi: float = 0.0
+    """Bounds (bytes/ns) of the rate the record's NIC sent at while active, an epoch of
+    quantisation either way on its ACT (0: unknown). A clean observation shows the NIC can
+    move at least ``rate_lo``; a slow one that it got at most ``rate_hi``
+    (:func:`.rules.links.shown_rates`)."""
+    shared: bool = False
+    """The record sent to several peers at once (all-to-all, a tree relay): its rate is its
+    NIC's, not this link's, and says nothing of what the receiver took in."""
 
 
 @dataclasses.dataclass
@@ -230,6 +239,22 @@ def slow_act_bound(ref: float, epoch: float, p: LocalizeParams) -> float:
     return p.act_ratio * (ref + epoch) + epoch
 
 
+def rate_bounds(r: OpMetrics) -> tuple[float, float]:
+    """(lowest, highest) rate (bytes/ns) a record's NIC may have sent at while active: its
+    ACT counts active epochs, so the time it stands for is known to an epoch either way
+    (from two epochs on; a one-epoch record's highest is taken at one epoch: no record that
+    short is slow, ``min_act_epochs``)."""
+    if r.act_ns <= 0 or r.volume_bytes <= 0:
+        return 0.0, 0.0
+    e = float(r.epoch_ns)
+    return r.volume_bytes / (r.act_ns + e), r.volume_bytes / max(r.act_ns - e, e)
+
+
+def _link(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> LinkObs:
+    lo, hi = rate_bounds(view.recs[i])
+    return LinkObs(view.endpoints[i], dst, slow, f, view.recs[i].end_ns, lo, hi, len(view.peer_eps[i]) > 1)
+
+
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:
     if ref is None or ref <= 0:
         return
@@ -257,7 +282,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             f = _finding(view, i, ACT, "act_ns", act[i], ref)
         if not slow_op or blamed:
             for d in view.peer_eps[i]:
-                out.links.append(LinkObs(view.endpoints[i], d, blamed, f, recs[i].end_ns))
+                out.links.append(_link(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
 
@@ -284,7 +309,7 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
         elif blamed:
             f = _finding(view, i, ACT, "active_rate", rate[i], loo[i])
         for d in view.peer_eps[i]:
-            out.links.append(LinkObs(view.endpoints[i], d, blamed, f, view.recs[i].end_ns))
+            out.links.append(_link(view, i, d, blamed, f))
         if f is not None:
             out.findings.append(f)
 

@@ -27,14 +27,16 @@ from .stops import stop_hypotheses
 __all__ = ["hypotheses"]
 
 
-def hypotheses(ev: Evidence, p: LocalizeParams, open_nodes: set[str]) -> dict[Key, Hypothesis]:
-    """Every rule family's hypotheses, given the nodes of the incidents already open."""
+def hypotheses(ev: Evidence, p: LocalizeParams, open_nodes: set[str],
+               open_nics: set[str] | frozenset[str] = frozenset()) -> dict[Key, Hypothesis]:
+    """Every rule family's hypotheses, given the nodes of the incidents already open and the
+    NICs their network faults are on."""
     hyps = stop_hypotheses(ev, p)
     net = network_hypotheses(ev, p)
     hyps.update(net)
     explained = {n for _k, nodes in net for n in nodes} | {n for _k, nodes in hyps for n in nodes}
     if not hyps:
-        rail = rail_hypotheses(ev, p, explained)
+        rail = rail_hypotheses(ev, p, explained, open_nics)
         hyps.update(rail)
         explained |= {n for _k, nodes in rail for n in nodes}
     hyps.update(late_hypotheses(ev, p, explained, open_nodes))

@@ -24,6 +24,23 @@ def excess(fs: list[Finding]) -> float:
     return float(np.median(xs)) if xs else 0.0
 
 
+def host_shaped(slow: dict[Link, list[Finding]], p: LocalizeParams, x: str) -> bool:
+    """Whether the slow links look like x's starved host from x's side alone: x on every
+    one, its sends slow on ``host_min_nics`` NICs or more, what it receives at most
+    ``host_in_frac`` as slow. A NIC, PCIe or link fault slows both directions alike, so
+    until x's receivers are seen receiving cleanly from others (which tells the host from
+    their downlinks) the slow links are not x's network either."""
+    if not all(x in (node_of(a), node_of(b)) for a, b in slow):
+        return False
+    out_links = [k for k in slow if node_of(k[0]) == x]
+    if len({k[0] for k in out_links}) < p.host_min_nics:
+        return False
+    out_ex = excess([f for k in out_links for f in slow[k]])
+    in_links = [k for k in slow if node_of(k[1]) == x]
+    in_ex = excess([f for k in in_links for f in slow[k]]) if in_links else 0.0
+    return out_ex > 0 and in_ex <= p.host_in_frac * out_ex
+
+
 def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams) -> dict[Key, Hypothesis]:
     """x is host-contended when every slow link touches x, x's sends are slow on at least
     ``host_min_nics`` of its NICs, the traffic into x is clean or at most ``host_in_frac``

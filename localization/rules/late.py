@@ -26,7 +26,7 @@ import numpy as np
 from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import Evidence
+from ..evidence import Evidence, node_of
 from ..observations import Finding, lateness
 from ..params import LocalizeParams
 from ..robust import median
@@ -110,6 +110,11 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     # A point-to-point (pipeline) peer of a node already blamed arrives late because
     # it waits for that node: not a second straggler.
     waits_on_blamed = waits_on(ev, explained | open_nodes)
+    # Sends into a stalled link are what their receiver waits for: a node at the
+    # receiving end of a recent rail-late record (a send that ended milliseconds after the
+    # same operator on the sender's other NICs) got its data that late, and is late because
+    # of it (nic-flap, sweep 7 #5: the partner's collectives 32 ms late, the flap 35 ms).
+    waits_on_rail = {node_of(e) for f, _m in ev.rail.records for e in f.peer_eps}
     min_fill = int(p.late_min_fill * p.late_window)
     per_node: dict[str, list[tuple[int, list[Finding]]]] = defaultdict(list)
     for (node, _comm), win in lt.windows.items():
@@ -117,7 +122,7 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
         flagged = len(win) >= min_fill and len(hits) >= p.late_frac * len(win)
         per_node[node].append((int(flagged), hits))
     for node, comms in per_node.items():
-        if node in explained or node in ev.insufficient or node in waits_on_blamed:
+        if node in explained or node in ev.insufficient or node in waits_on_blamed or node in waits_on_rail:
             continue
         if sum(f for f, _ in comms) < max(1, p.late_comm_frac * len(comms)):
             continue

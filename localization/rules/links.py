@@ -17,7 +17,7 @@ Physical facts relied on:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 import numpy as np
 
@@ -25,7 +25,7 @@ from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, Link, node_of, node_pairs
 from ..observations import Finding
 from ..params import LocalizeParams
-from .host import host_hypothesis
+from .host import host_hypothesis, host_shaped
 
 
 def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link]]:
@@ -48,21 +48,81 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
         # would let pre-fault traffic pass for clean evidence).
         # The starts and the observations' ends are on different nodes' clocks: only an
         # observation ending a skew bound after ``since`` surely followed it.
-        since = int(np.median([f.start_ns for fs in slow.values() for f in fs])) + p.clock_skew_ns
+        since = _since(slow, p)
         n_recent, n_slow = links.recent(since)
         ok = (n_recent >= p.link_min_obs) & (n_slow <= p.clean_max_slow_frac * n_recent)
         clean = {key for key in map(links.keys.__getitem__, np.flatnonzero(ok).tolist()) if key not in slow}
     return slow, clean
 
 
+def _since(slow: dict[Link, list[Finding]], p: LocalizeParams) -> int:
+    return int(np.median([f.start_ns for fs in slow.values() for f in fs])) + p.clock_skew_ns
+
+
+Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
+"""Per slow link, the highest rate its slow observations got; per clean link, the rate its
+sender's NIC surely reached in one of its recent observations, and the rate the link itself surely
+carried (-1: its records sent to several peers at once, so the link's own share is not
+known). Bytes/ns; 0 or absent: unknown."""
+
+
+def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]], clean: set[Link]) -> Rates:
+    """What the link windows show of the NICs' capacity. A NIC capped at some rate still
+    carries, at their usual pace, flows that never ask it for more (an all-to-all bound by
+    its receivers' fan-in, a latency-bound exchange), so a clean link says the NIC works
+    only up to the rate it carried; the slow links' observations say what the NIC, or the
+    path, let through."""
+    slow_hi: dict[Link, float] = {}
+    clean_lo: dict[Link, float] = {}
+    clean_in: dict[Link, float] = {}
+    if not slow:
+        return slow_hi, clean_lo, clean_in
+    since = _since(slow, p)
+    for key in slow:
+        his = [o.rate_hi for o in ev.links.obs[key] if o.slow and o.rate_hi > 0]
+        if his:
+            slow_hi[key] = float(np.median(his))
+    for key in clean:
+        recent = [o for o in ev.links.obs[key] if not o.slow and o.end_ns >= since and o.rate_lo > 0]
+        if recent:
+            # a cap is a hard bound: one clean record faster than it shows the NIC is not capped
+            clean_lo[key] = max(o.rate_lo for o in recent)
+            clean_in[key] = max((o.rate_lo for o in recent if not o.shared), default=-1.0)
+    return slow_hi, clean_lo, clean_in
+
+
 def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
-    return slow_link_hypotheses(*link_state(ev, p), p)
+    slow, clean = link_state(ev, p)
+    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean))
+
+
+def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
+            sends: bool, outside: Collection[str]) -> bool:
+    """Whether ``x``'s clean traffic with nodes not in ``outside`` shows its NIC (its sends
+    when ``sends``, else what it receives) moving more than x's slow links of that direction
+    got: then a cap at x does not explain them. Without rates (unknown), any clean link
+    with a third node counts. What x receives is shown only by a sender that sent to x
+    alone (an all-to-all sender's rate is shared among all its receivers)."""
+    mine = [k for k in slow if node_of(k[0 if sends else 1]) == x]
+    slow_hi, clean_lo, clean_in = rates or ({}, {}, {})
+    shown = clean_lo if sends else clean_in
+    bar = max((slow_hi.get(k, 0.0) for k in mine), default=0.0)
+    for a, b in clean:
+        me, other = (a, b) if sends else (b, a)
+        if node_of(me) != x or node_of(other) in outside:
+            continue
+        lo = shown.get((a, b), 0.0)
+        if lo < 0:
+            continue  # the link's own share is not known
+        if bar <= 0 or lo == 0 or lo > bar:
+            return True
+    return False
 
 
 def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
-                         p: LocalizeParams) -> dict[Key, Hypothesis]:
+                         p: LocalizeParams, rates: Rates | None = None) -> dict[Key, Hypothesis]:
     """The culprit of the slow links, given the link state (slow links with their findings,
-    clean links)."""
+    clean links, and optionally what they show of the NICs' rates: :func:`shown_rates`)."""
     if not slow:
         return {}
     pairs = node_pairs(slow)
@@ -91,16 +151,40 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
     if len(covers) == 1:
         x = covers[0]
+        if host_shaped(slow, p, x):
+            # x's sends slow far more than what it receives, on several NICs: its host
+            # (asked first above) is waiting for its receivers to be seen receiving cleanly
+            # from others; a fault of x's NIC or PCIe would slow both directions alike
+            return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
+        if any(host_shaped(slow, p, x) for x in covers):
+            # One end's sends slowed far more than what it receives: a starved host paces
+            # all its sends, so its other traffic never beats the slow links either, and no
+            # cap is shown; what clears an end is then any clean traffic with third nodes
+            # (battery cpu-contention seed 3: node-03 -> node-07 only; the rate test named
+            # node-03's NIC before the host rule could conclude)
+            rates = None
 
         def by_path(src: str, dst: str) -> bool:
             # the sender still sends cleanly to a third node, and the receiver still
-            # receives cleanly from one: neither NIC explains the slow link
-            return (any(s == src and d not in (a, b) for s, d in clean_pairs)
-                    and any(d == dst and s not in (a, b) for s, d in clean_pairs))
+            # receives cleanly from one, faster than the slow links went: neither NIC
+            # explains the slow link
+            return capable(slow, clean, rates, src, True, covers) and capable(slow, clean, rates, dst, False, covers)
+
+        def healthy(x: str) -> bool:
+            return all((s != x or capable(slow, clean, rates, x, True, covers))
+                       and (d != x or capable(slow, clean, rates, x, False, covers)) for s, d in pairs)
         nic_pairs = {tuple(sorted(k)) for k in slow}
+        ok = [x for x in covers if healthy(x)]
+        if rates is not None and len(ok) == 1 and len(nic_pairs) >= p.path_min_links:
+            # one end carries its other traffic faster than the slow links went, in every
+            # direction they take; the other end's clean traffic never asked for that much
+            # (a PCIe-capped node's all-to-all, bound by fan-in, keeps its usual pace): the
+            # other end's cap explains every slow link
+            x = covers[0] if ok[0] == covers[1] else covers[1]
+            return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
         if all(by_path(s, d) for s, d in pairs):
             if len(nic_pairs) < p.path_min_links:
                 return {}  # one NIC pair only: a NIC or a path, wait for more evidence
@@ -120,6 +204,10 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         if len(senders) == 1:
             x = next(iter(senders))
             return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+        if rates is not None and not ok:
+            # neither end's other traffic went faster than the slow links: a cap at either
+            # end explains them as well as the path does
+            return {}
         return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
         return {}

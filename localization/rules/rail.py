@@ -73,12 +73,19 @@ def alive_in(alive: AlivePoints, p: LocalizeParams, ep: str, findings: list[Find
     return hits
 
 
-def rail_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str]) -> dict[Key, Hypothesis]:
+def rail_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
+                    open_nics: set[str] | frozenset[str] = frozenset()) -> dict[Key, Hypothesis]:
     """network-slow for the node (or the two nodes) common to every recent rail-late
-    record, unless another rule already explains it."""
-    records = ev.rail.records
-    while records and records[0][0].end_ns < ev.last_end_ns - p.rail_keep_ns:
-        records.popleft()
+    record, unless another rule already explains it. ``open_nics``: NICs an open incident
+    already blames for a network fault."""
+    kept = ev.rail.records
+    while kept and kept[0][0].end_ns < ev.last_end_ns - p.rail_keep_ns:
+        kept.popleft()
+    # A record whose stalled link ends at a NIC already blamed is that NIC's doing: its
+    # link partner's records stall as long as its own (the flap holds both ends' sends),
+    # and one unrelated late record left among them would make the partner the only node
+    # common to all.
+    records = [(f, m) for f, m in kept if f.endpoint not in open_nics and not open_nics.intersection(f.peer_eps)]
     if len(records) < p.rail_persist:
         return {}
     sets = [m for _f, m in records]

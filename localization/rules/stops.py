@@ -146,6 +146,18 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
             extra["alive_after_stall"] = {up[0]: alive[up[0]]}
             tied = [x for x in tied if x != up[0]]
             best = tied[0]
+    if len(tied) == 2:
+        # A send stalled at zero bytes into a member that never started the operator waits
+        # for that member (no receive posted, nothing to move), not for its own network:
+        # the absent end is where the traffic stopped (it is stuck on something else - a
+        # hung GPU is compute_stop's, a receive that never arrives this rule's).
+        absent = {(f.comm_id, f.seq, f.node) for f in ev.stops.absent}
+        waited = [x for x in tied if any(f.node != x and (f.comm_id, f.seq, x) in absent for f in first)]
+        if len(waited) == 1:
+            extra["absent_from_stalled"] = sorted({f"{f.comm_id}#{f.seq}" for f in first
+                                                    if (f.comm_id, f.seq, waited[0]) in absent})[:8]
+            tied = waited
+            best = tied[0]
     if len(tied) > 1 and sent.get(best, 0) > max(sent.get(n, 0) for n in tied[1:]):
         tied = [best]
     if len(tied) == 1:

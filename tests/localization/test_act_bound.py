@@ -49,3 +49,28 @@ def test_a_relay_twice_as_long_as_the_leaves_is_slow():
     _judge_act(_view([6, 14, 9, 6]), P, 6.0 * E, out)
     assert [f.node for f in out.findings] == ["n1"]
     assert {lk.src for lk in out.links if lk.slow} == {"n1/mlx5_0"}
+
+
+def test_rate_bounds_allow_one_epoch_of_quantisation_either_way():
+    from hypothesis import given
+    from hypothesis import strategies as st
+    from pulse.localization.observations import rate_bounds
+
+    from . import synth
+
+    @given(st.integers(2, 10_000), st.integers(1, 1 << 34), st.integers(1, 1 << 40))
+    def check(epochs: int, nbytes: int, true_ns: int) -> None:
+        # whatever the true active time, ACT is a whole number of epochs within one of it
+        e = synth.EPOCH
+        act = epochs * e
+        true_ns = min(max(true_ns, act - e + 1), act + e - 1)
+        r = synth.record("c", 0, 0, 0, kind="Send", nranks=2, start=0, end=act, t_host=0, nic="mlx5_0",
+                         act=act, nbytes=nbytes)
+        lo, hi = rate_bounds(r)
+        assert lo <= nbytes / true_ns <= hi
+
+    check()
+    import dataclasses
+
+    r = synth.record("c", 0, 0, 0, kind="Send", nranks=2, start=0, end=1, t_host=0, nic="mlx5_0")
+    assert rate_bounds(dataclasses.replace(r, act_ns=0)) == (0.0, 0.0)  # nothing active: unknown

@@ -49,3 +49,29 @@ def test_a_link_incident_is_not_cleared_while_its_node_is_on_a_persistently_slow
         return any(v.status == "cleared" for v in out)
 
     assert clears(False) and not clears(True)
+
+
+def test_a_rail_incident_is_not_cleared_while_its_nics_stalls_are_recent():
+    # a flap stalls the NIC once a period and the operators in between are clean: the
+    # incident holds until its rail-late records age out (rail_keep_ns)
+    from pulse.localization.decisions import DecisionBook
+    from pulse.localization.observations import RAIL
+
+    from .findings import evidence
+
+    def clears(stall_on: str) -> bool:
+        ev, p = evidence()
+        book = DecisionBook(p)
+        f = finding(RAIL, "z", endpoint=ep("z"), metric="end_after_other_nics_ns", to=(stall_on,))
+        ev.rail.records.append((f, frozenset({"z", "a"})))  # evidence held: hypotheses are asked
+        hyp = make_hypothesis(p, "network-slow", "node", ("a",), _fs(4), culprit="a")
+        book.decide(ev, {"a"}, "j", False, lambda: {("network-slow", ("a",)): hyp})
+        assert book.open[("network-slow", ("a",))].nics == [ep("a", 1)]
+        out = []
+        for _ in range(p.clear_ops + 2):
+            ev.last_end_ns += p.hypotheses_every_ns
+            out += book.decide(ev, {"a"}, "j", False, dict)
+        return any(v.status == "cleared" for v in out)
+
+    assert not clears(ep("a", 1))  # a stall into a's blamed NIC is still kept
+    assert clears(ep("a", 2))      # one on another NIC of a is not that incident's

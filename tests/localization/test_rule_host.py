@@ -55,3 +55,23 @@ def test_receivers_not_seen_receiving_cleanly_from_others_is_not_the_host():
     clean.discard((ep("d", 1), ep("c", 1)))  # c's downlink may be the problem
     assert host_hypothesis(slow, clean, P) == {}
 
+
+
+def test_host_shaped_slowness_waits_for_the_receivers_rather_than_naming_the_nic():
+    # a's sends slow x4 on two NICs, what b sends into a x1.6: the host's shape. Until c is
+    # seen receiving cleanly from others the host rule cannot conclude, and a's NIC (which
+    # would slow both directions alike) is not the answer either: nothing yet
+    from pulse.localization.rules.links import slow_link_hypotheses
+
+    def state(in_excess: float):
+        slow = {(ep("a", k), ep("b", k)): slow_link(ep("a", k), ep("b", k), excess=3.0) for k in (0, 1)}
+        slow[(ep("b", 0), ep("a", 0))] = slow_link(ep("b", 0), ep("a", 0), excess=in_excess)
+        slow[(ep("a", 1), ep("c", 1))] = slow_link(ep("a", 1), ep("c", 1), excess=3.0)
+        return slow, {(ep("d", 0), ep("b", 0)), (ep("d", 0), ep("a", 0))}
+
+    assert slow_link_hypotheses(*state(0.6), P) == {}
+    slow, clean = state(0.6)
+    clean.add((ep("d", 1), ep("c", 1)))  # now c is seen receiving cleanly
+    assert list(slow_link_hypotheses(slow, clean, P)) == [("host-contention", ("a",))]
+    # both directions slow alike: a's NIC
+    assert list(slow_link_hypotheses(*state(3.0), P)) == [("network-slow", ("a",))]

@@ -127,3 +127,21 @@ def test_the_whole_pipeline_chain_of_a_blamed_node_waits_for_it():
     fill(ev, A, "c0")
     assert late_hypotheses(ev, p, set(), {C}) == {}  # C's open incident explains A's lateness
     assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]
+
+
+def test_a_node_whose_receives_from_one_rail_stall_waits_for_them():
+    # B's sends into A's mlx5_1 ended 32 ms after the same operator on B's other NICs (a
+    # flapping NIC on that link): A got that data 32 ms late, and its collectives are late
+    # by as much - a victim of the link, not a compute straggler
+    from pulse.localization.observations import RAIL
+
+    from .findings import ep
+
+    ev, p = evidence()
+    fill(ev, A, "c0")
+    fill(ev, A, "c1")
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]
+    f = finding(RAIL, B, comm="pp", endpoint=ep(B, 1), value=32 * MS, ref=0.0, metric="end_after_other_nics_ns",
+                to=(ep(A, 1),))
+    ev.rail.records.append((f, frozenset({A, B})))
+    assert late_hypotheses(ev, p, set(), set()) == {}

@@ -163,3 +163,83 @@ def test_pipeline_sends_into_two_congested_downlinks_name_the_receivers():
     assert list(slow_link_hypotheses(slow, clean, P)) == [("path", ("b", "c"))]
     assert exonerated({("f", "b"), ("g", "c")}, {("f", "h"), ("g", "h")}, ["b", "c", "f", "g"]) == {"f", "g"}
     assert slow_link_hypotheses(slow, set(), P) == {}  # nothing exonerates anybody: a guess
+
+
+def _capped(a_out: float, a_in: float, a_shared: bool):
+    """a <-> b slow both ways on two NIC pairs, the slow observations at most 29 bytes/ns;
+    b sends and receives cleanly with c at 43 (one peer: ring sends); a's clean traffic
+    with c and d at ``a_out`` (its sends) and ``a_in`` (into it), ``a_shared``: records sent
+    to several peers at once (an all-to-all)."""
+    from pulse.localization.observations import LinkObs
+    from pulse.localization.rules.links import link_state, shown_rates
+
+    ev, p = evidence(clock_skew_ns=0)
+    for k in (0, 1):
+        for x, y in (("a", "b"), ("b", "a")):
+            for i in range(6):
+                f = finding(ACT, x, seq=i, endpoint=ep(x, k), value=2.0, start=i * MS, end=i * MS + 1,
+                            to=(ep(y, k),))
+                ev.links.add(LinkObs(ep(x, k), ep(y, k), True, f, i * MS + 1, 20.0, 29.0))
+
+    def clean(src: str, dst: str, rate: float, shared: bool) -> None:
+        for i in range(6):
+            ev.links.add(LinkObs(ep(src), ep(dst), False, None, (i + 6) * MS, rate, rate * 1.05, shared))
+    clean("b", "c", 43.0, False)
+    clean("c", "b", 43.0, False)
+    clean("a", "d", a_out, a_shared)
+    clean("c", "a", a_in, a_shared)
+    slow, cl = link_state(ev, p)
+    return slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl))
+
+
+def test_a_node_whose_clean_traffic_never_beat_the_slow_links_is_their_cap():
+    # a PCIe-capped node's all-to-all is bound by its receivers' fan-in: it keeps its usual
+    # pace (27 bytes/ns) below the cap (29), so it does not show a's NIC healthy; b's ring
+    # traffic (43) does: a, not the path {a, b}
+    assert list(_capped(27.0, 27.0, True)) == [("network-slow", ("a",))]
+    # an all-to-all sender's rate is its NIC's, shared among its receivers: at 40 it shows
+    # a's sends work, not what a takes in
+    assert list(_capped(40.0, 40.0, True)) == [("network-slow", ("a",))]
+
+
+def test_both_ends_carrying_other_traffic_faster_than_the_slow_links_is_a_path():
+    assert list(_capped(40.0, 40.0, False)) == [("path", ("a", "b"))]
+
+
+def test_neither_end_shown_faster_than_the_slow_links_waits():
+    from pulse.localization.observations import LinkObs
+    from pulse.localization.rules.links import link_state, shown_rates
+
+    ev, p = evidence(clock_skew_ns=0)
+    for k in (0, 1):
+        for x, y in (("a", "b"), ("b", "a")):
+            for i in range(6):
+                f = finding(ACT, x, seq=i, endpoint=ep(x, k), value=2.0, start=i * MS, end=i * MS + 1,
+                            to=(ep(y, k),))
+                ev.links.add(LinkObs(ep(x, k), ep(y, k), True, f, i * MS + 1, 20.0, 29.0))
+    for src, dst in (("a", "c"), ("c", "a"), ("b", "d"), ("d", "b")):
+        for i in range(6):
+            ev.links.add(LinkObs(ep(src), ep(dst), False, None, (i + 6) * MS, 25.0, 26.0))
+    slow, cl = link_state(ev, p)
+    assert slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl)) == {}
+    assert list(slow_link_hypotheses(slow, cl, p)) == [("path", ("a", "b"))]  # rates unknown: as before
+
+
+def test_one_sided_slowness_of_a_node_whose_partner_is_cleared_waits_for_the_host_rule():
+    # x -> y slow on two NICs, nothing into x slow; y carries its other traffic faster than
+    # the slow links went (cleared), x does not: the other-end rule would name x's NIC, but
+    # only x's sends are slow - its host's shape, which waits for the host rule
+    from pulse.localization.observations import LinkObs
+    from pulse.localization.rules.links import link_state, shown_rates
+
+    ev, p = evidence(clock_skew_ns=0)
+    for k in (0, 1):
+        for i in range(6):
+            f = finding(ACT, "x", seq=i, endpoint=ep("x", k), value=4.0, start=i * MS, end=i * MS + 1,
+                        to=(ep("y", k),))
+            ev.links.add(LinkObs(ep("x", k), ep("y", k), True, f, i * MS + 1, 10.0, 12.0))
+    for src, dst, rate in (("y", "c", 43.0), ("c", "y", 43.0), ("x", "c", 11.0)):
+        for i in range(6):
+            ev.links.add(LinkObs(ep(src), ep(dst), False, None, (i + 6) * MS, rate, rate * 1.05))
+    slow, cl = link_state(ev, p)
+    assert slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl)) == {}

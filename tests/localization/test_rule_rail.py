@@ -126,3 +126,19 @@ def test_stalled_sends_only_into_one_end_take_the_nics_they_went_to():
     assert list(got) == [("network-slow", (A,))] and got[("network-slow", (A,))].nics == [ep(A, 2)]
     assert rail_hypotheses(*ev_with(False, [2, 2, 2, 2]), set()) == {}
     assert rail_hypotheses(*ev_with(True, [0, 1, 2, 3]), set()) == {}  # into all of A's NICs: not one NIC
+
+
+def test_rail_late_records_on_a_nic_an_open_incident_blames_are_its_doing():
+    # A's NIC flaps and is blamed; B, its link partner, has late records as often as A (the
+    # flap holds both ends' sends). One stray late record elsewhere (B and C) would leave B
+    # the only node common to all: the records on A's blamed NIC are A's doing, and what is
+    # left is too little to name anyone.
+    ev, p = evidence()
+    for i in range(6):
+        f = _late(B, i=i) if i % 2 else _late(A, i=i)
+        f.peer_eps = (ep(A),) if i % 2 else (ep(B),)
+        ev.rail.records.append((f, frozenset({A, B})))
+    ev.rail.records.append((_late(C, i=6), frozenset({B, C})))
+    ev.last_end_ns = 700 * MS
+    assert list(rail_hypotheses(ev, p, set())) == [("network-slow", (B,))]  # the stray record decides
+    assert rail_hypotheses(ev, p, set(), {ep(A)}) == {}

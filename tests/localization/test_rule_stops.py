@@ -178,3 +178,21 @@ def test_a_stall_before_a_late_peer_issued_allows_for_the_clock_skew_bound():
     view = OpView("c", 0, "AllReduce", {0: A, 1: B}, recs, [ep(A), ep(B)], [(ep(B),), (ep(A),)], [True, True])
     assert not _stalled_on_late_peer(view, 0, evidence(clock_skew_ns=MS)[1])
     assert _stalled_on_late_peer(view, 0, evidence(clock_skew_ns=2 * MS)[1])
+
+
+def test_a_send_stalled_at_zero_into_a_member_absent_from_the_operator_blames_the_absent_end():
+    # B's dead NIC: B finished its last operators before the fault, then waits in a receive
+    # that never arrives, so it never starts the all-to-all A is stuck in; A's sends into
+    # it stall at zero bytes. Both ends sent nothing of their own, and A only has a stalled
+    # record because B never showed up: B is where the traffic stopped.
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(A, B))
+    ev.stops.absent.append(absent(B))
+    ev.data_end[B] = 10 * MS + p.stall_ns  # B's last receive: posted, waiting past a stall
+    ev.stops.last_recv[("pp", B)] = (3, 1, 9 * MS)
+    got = stop_hypotheses(ev, p)
+    assert list(got) == [("network-stop", (B,))]
+    assert got[("network-stop", (B,))].extra["absent_from_stalled"] == ["c0#0"]
+    # without the absence, A's nearly empty stalled record makes A the stopped end
+    ev.stops.absent.clear()
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
