@@ -53,6 +53,16 @@ class SegmentParams:
     flow whose next operator is not issued yet: 20 ms, well above RDMA retransmission
     timeouts at NCCL's defaults and well below a training step."""
 
+    op_hole_ns: int = 250_000_000
+    """Streaming: how long (on the rank's own clock: op events' ``t_host_ns``) a missing op
+    event is waited for while the rank's later ones arrive, before its hole is skipped. One
+    rank's op events come from one process in order; a hole that stays while the rank goes
+    on issuing is a stream that began after it (an agent attached mid-job, a cut trace) or a
+    lost event, not reordering. Holding longer than the localizer waits for an operator's
+    late ranks (1 s of trace time) only makes the rank's records arrive after its operators
+    were judged without them (a lab rank whose stream began at seq 4 was held for 64
+    operators, 20 s, reported insufficient-data, and its lateness never judged)."""
+
     late_batches: int = 64
     """Streaming: how many batch_seq numbers a NIC's batches may arrive out of order.
     A missing batch_seq is waited for until this many later batches arrived, then
@@ -94,6 +104,7 @@ class SegmentParams:
             ("stall_ns", self.stall_ns >= 1),
             ("merge_gap_ns", self.merge_gap_ns >= 0),
             ("late_batches", self.late_batches >= 0),
+            ("op_hole_ns", self.op_hole_ns >= 0),
             ("max_unbound_flows", self.max_unbound_flows >= 0),
             ("cts_bytes", self.cts_bytes >= 0),
             ("cts_slots", self.cts_slots >= 1),

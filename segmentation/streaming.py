@@ -62,6 +62,9 @@ class NodeSegmenter:
         self._ops: dict[OpKey, OpEvent] = {}
         self._frontier: dict[tuple[str, int], int] = {}
         self._ahead: dict[tuple[str, int], set[int]] = {}
+        self._hole_since: dict[tuple[str, int], int] = {}
+        """Per (comm, rank) with a hole before its frontier: the issue time of the first op
+        event that arrived after the hole (the rank's clock)."""
         self._new_ops: list[OpEvent] = []
         self._nics: dict[str, NicOrder] = {}
         self._clock: NicClock | None = None
@@ -171,7 +174,7 @@ class NodeSegmenter:
         self._ops[key] = ev
         self._new_ops.append(ev)
         before = self._frontier[cr]
-        self._advance_frontier(cr, ev.seq)
+        self._advance_frontier(cr, ev.seq, ev.t_host_ns)
         if self._frontier[cr] != before:
             moved.add(cr)
         if len(self._ops) > self.params.max_pending_ops:
@@ -189,7 +192,7 @@ class NodeSegmenter:
         if ix is not None:
             self._cr_front[ix] = front
 
-    def _advance_frontier(self, cr: tuple[str, int], seq: int) -> None:
+    def _advance_frontier(self, cr: tuple[str, int], seq: int, t_host_ns: int | None = None) -> None:
         front = self._frontier[cr]
         ahead = self._ahead.setdefault(cr, set())
         if seq >= front:
@@ -197,7 +200,13 @@ class NodeSegmenter:
         while front in ahead:
             ahead.discard(front)
             front += 1
-        if len(ahead) > self.params.late_batches:
+        waited = False
+        if ahead and t_host_ns is not None:
+            since = self._hole_since.setdefault(cr, t_host_ns)
+            waited = t_host_ns - since > self.params.op_hole_ns
+        if not ahead:
+            self._hole_since.pop(cr, None)
+        if len(ahead) > self.params.late_batches or waited:
             # The descriptor of seq ``front`` is not coming: skip the hole.
             nxt = min(ahead)
             self.stats.lost_ops += nxt - front
@@ -205,6 +214,7 @@ class NodeSegmenter:
             while front in ahead:
                 ahead.discard(front)
                 front += 1
+            self._hole_since.pop(cr, None)
         self._set_front(cr, front)
 
     def _add_new_ops(self) -> None:
