@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capture": ("pulse.nic.cli:capture", "Per-flow epochs from a pcap/pcapng file or a live interface."),
     "hooks": ("pulse.hooks.cli:hooks", "Operator-descriptor sources: build the NCCL plugin, parse logs, read rdma res."),
     "produce": ("pulse.producers.cli:produce", "Publish samples and hook events to Kafka."),
-    "agent": ("pulse.producers.agent_cli:agent", "The per-node agent: capture + hooks, joined, to Kafka; its health."),
+    "agent": ("pulse.streams.agent_cli:agent", "The per-node agent: capture + hooks, joined, to Kafka; its health."),
     "worker": ("pulse.streams.cli:worker", "Run the Faust worker (segment and localize agents)."),
     "incidents": ("pulse.streams.incidents_cli:incidents", "List open and recent incidents from the incidents topic."),
     "demo": ("pulse.streams.cli:demo", "Broker + worker + a live simulated job with an anomaly; print verdicts."),

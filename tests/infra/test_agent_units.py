@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 from infra_compose import load_compose, read_env_file
-from pulse.producers.agent_cli import agent
+from pulse.streams.agent_cli import agent
 
 AGENT = Path(__file__).resolve().parents[2] / "infra" / "agent"
 

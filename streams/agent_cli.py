@@ -1,4 +1,6 @@
-"""``pulse agent``: the per-node agent (see :mod:`pulse.producers.agent`)."""
+"""``pulse agent``: the per-node agent (:mod:`pulse.producers.agent`). The command lives here,
+not with the agent, because its edge option (:mod:`pulse.streams.edge`) runs the engine's
+segment stage in the agent: the layers below streams may not import the engine."""
 
 from __future__ import annotations
 
@@ -52,9 +54,9 @@ def agent(node: str | None, job: str, iface: str | None, local: tuple[str, ...],
     """Run the node agent: live capture, hook directory, plugin socket and rdma res, joined
     (TCP connection -> rank and peer, QPN -> rank and peer) and published to Kafka through
     the disk spool, with its own health on the pipeline topic. SIGTERM flushes and exits 0."""
-    from pulse.samples import check_name
+    from pulse.producers.agent import Agent, AgentConfig, local_addresses
 
-    from .agent import Agent, AgentConfig, local_addresses
+    from pulse.samples import check_name
 
     s = Settings.from_env().override(broker=broker or None, topic_prefix=prefix or None,
                                      spool_dir=Path(spool_dir) if spool_dir else None)
