@@ -133,7 +133,7 @@ def infer_ring(sent: dict[tuple[int, int], int], n: int) -> list[int]:
     return ring
 
 
-def _trim(b: EpochBatch, cut_ns: int) -> EpochBatch:
+def trim_before(b: EpochBatch, cut_ns: int) -> EpochBatch:
     """Drop rows of epochs that start before cut_ns."""
     keep = b.t0_ns + b.epoch.astype(np.int64) * b.epoch_ns >= cut_ns
     if keep.all():
@@ -203,7 +203,7 @@ def prepare_trace(inp: LabInput, out: Path, *, epoch_ns: int = DEFAULT_EPOCH_NS,
             node = node_of_addr.get(b.node)
             if node is None:
                 continue
-            tw.write_batch(_trim(dataclasses.replace(b, node=node, nic=NIC), cut[node]))
+            tw.write_batch(trim_before(dataclasses.replace(b, node=node, nic=NIC), cut[node]))
         for e in events:
             if isinstance(e, CommEvent):
                 tw.write_event(e)

@@ -26,6 +26,8 @@ from pulse.errors import TraceError
 from pulse.samples import EpochBatch
 from pulse.trace import TraceWriter
 
+from .analysis import trim_before
+
 NIC = "eth0"
 BIN_NS = 1_000_000
 """Bins of the job's bytes for the period search: a step is 100s of ms, a bucket's
@@ -104,14 +106,6 @@ def traffic_cut(batches: list[EpochBatch], warmup_steps: int) -> TrafficCut:
     return TrafficCut(first, period, first + warmup_steps * period, float(ac[k]))
 
 
-def _trim(b: EpochBatch, cut_ns: int) -> EpochBatch:
-    keep = b.t0_ns + b.epoch.astype(np.int64) * b.epoch_ns >= cut_ns
-    if keep.all():
-        return b
-    return dataclasses.replace(b, flow=b.flow[keep], epoch=b.epoch[keep], tx_bytes=b.tx_bytes[keep],
-                               rx_bytes=None if b.rx_bytes is None else b.rx_bytes[keep])
-
-
 @dataclasses.dataclass
 class NetOnlyPrepared:
     trace_dir: Path
@@ -136,7 +130,7 @@ def prepare_netonly_trace(pcap: Path, nodes: dict[str, str], out: Path, *, epoch
     with TraceWriter(out, job=job, epoch_ns=epoch_ns, replace=True,
                      meta={"source": "lab", "hooks": False, "traffic_cut": cut.to_dict()}) as tw:
         for b in batches:
-            tw.write_batch(_trim(b, cut.cut_ns))
+            tw.write_batch(trim_before(b, cut.cut_ns))
         tw.write_events(events)
         if truth is not None:
             tw.write_truth(truth)

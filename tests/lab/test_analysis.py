@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from pulse.lab.analysis import _trim, first_seq_after_warmup, infer_ring, judge, summarize_verdicts, truth_of
+from pulse.lab.analysis import (
+    first_seq_after_warmup,
+    infer_ring,
+    judge,
+    summarize_verdicts,
+    trim_before,
+    truth_of,
+)
 from pulse.lab.faults import parse_fault
 
 from pulse.errors import ConfigError, PulseError, TraceError
@@ -78,11 +85,11 @@ def test_warmup_cut_is_the_first_seq_every_rank_issued_after_its_warmup() -> Non
 def test_trim_drops_epochs_before_the_cut_only() -> None:
     b = make_batch(node="n", nic="eth0", t0_ns=100_000, epoch_ns=1000, batch_seq=0, flow=[0, 0, 1, 1],
                    epoch=[0, 5, 2, 9], tx_bytes=[1, 2, 3, 4], rx_bytes=[0, 0, 1, 1])
-    t = _trim(b, 105_000)
+    t = trim_before(b, 105_000)
     assert t.flow.tolist() == [0, 1] and t.epoch.tolist() == [5, 9] and t.tx_bytes.tolist() == [2, 4]
     assert t.rx_bytes is not None and t.rx_bytes.tolist() == [0, 1]
-    assert _trim(b, 0) is b
-    assert _trim(b, 10**9).n_rows == 0
+    assert trim_before(b, 0) is b
+    assert trim_before(b, 10**9).n_rows == 0
     assert np.array_equal(b.epoch, [0, 5, 2, 9])  # the input is left alone
 
 
