@@ -374,7 +374,8 @@ def analyze_run(run: Any, out: Path, *, epoch_ns: int = LAB_EPOCH_NS, warmup_ste
         **extra,
         "epoch_ns": epoch_ns,
         "capture": {**capture, "kernel_drops": run.capture_drops},
-        "step_ms": {"healthy_median": _median(healthy_ms), "faulty_median": _median(faulty_ms)},
+        "step_ms": {"healthy_median": _median(healthy_ms), "faulty_median": _median(faulty_ms),
+                    "healthy_slowest": _slowest_step(run, warmup_steps)},
         "fault_effect": getattr(run, "fault_effect", None),
         **scored,
     }
@@ -392,6 +393,14 @@ def score_run(verdicts: list[Verdict], baseline: list[Verdict], truth: dict[str,
 def _fault_step(run: Any) -> int:
     steps = max((len(v) for v in run.step_ms.values()), default=0)
     return steps if run.fault.kind == "none" else getattr(run, "fault_after", steps)
+
+
+def _slowest_step(run: Any, warmup_steps: int) -> float | None:
+    """The slowest healthy step of the job (each step's median over its ranks): how slow the
+    job got by itself, which a fault's steps must exceed to have slowed it at all."""
+    end = _fault_step(run)
+    per_step = [_median([r[i] for r in run.step_ms.values() if i < len(r)]) for i in range(warmup_steps, end)]
+    return max((t for t in per_step if t is not None), default=None)
 
 
 def _median(xs: list[float]) -> float | None:

@@ -151,7 +151,21 @@ def _row(d: LabDraw, res: dict[str, Any]) -> dict[str, Any]:
             "right": s["outcome_all"] in ("node", "group", "healthy-ok"),
             "baseline": {"outcome": b["outcome"], "outcome_all": b["outcome_all"], "named": b["named"]},
             "score": s, "baseline_score": b, "step_ms": res.get("step_ms"),
-            "capture": res.get("capture"), "fault_effect": res.get("fault_effect")}
+            "capture": res.get("capture"), "fault_effect": res.get("fault_effect"),
+            "job_slowdown": job_slowdown(res.get("step_ms"))}
+
+
+def job_slowdown(step_ms: dict[str, Any] | None) -> dict[str, Any] | None:
+    """How much the fault slowed the job, as the harness measured its steps (not Pulse):
+    the faulty steps' median over the healthy steps' median, and whether it exceeds the
+    slowest healthy step (``slowed``). A fault that never slowed the job (a CPU quota above
+    what a rank of an oversubscribed host got anyway) may leave nothing on the wire either;
+    the table counts such misses apart, still as misses."""
+    if not step_ms or step_ms.get("faulty_median") is None or not step_ms.get("healthy_median"):
+        return None
+    slowest = step_ms.get("healthy_slowest")
+    return {"ratio": round(step_ms["faulty_median"] / step_ms["healthy_median"], 2),
+            "slowed": None if slowest is None else bool(step_ms["faulty_median"] > slowest)}
 
 
 def _verdict(row: dict[str, Any]) -> str:
@@ -176,8 +190,14 @@ def table(rows: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
             out[kind] = {"runs": len(rs), "node": sum(r["outcome_all"] == "node" for r in rs),
                          "group": sum(r["outcome_all"] == "group" for r in rs),
                          "wrong_blame": sum(r["outcome_all"] == "misdiagnosed" for r in rs),
-                         "missed": sum(r["outcome_all"] == "missed" for r in rs)}
+                         "missed": sum(r["outcome_all"] == "missed" for r in rs),
+                         "missed_job_not_slowed": sum(r["outcome_all"] == "missed" and _not_slowed(r) for r in rs)}
     return out
+
+
+def _not_slowed(row: dict[str, Any]) -> bool:
+    js = row.get("job_slowdown")
+    return js is not None and js.get("slowed") is False
 
 
 def summaries(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -196,9 +216,9 @@ def table_lines(result: dict[str, Any]) -> list[str]:
     """The human report: the table, the totals, then every wrong or missed run with its
     replay command."""
     t = result["table"]
-    head = ("fault", "runs", "node", "group", "wrong blame", "missed")
-    rows = [head] + [(k, str(v["runs"]), str(v["node"]), str(v["group"]), str(v["wrong_blame"]), str(v["missed"]))
-                     for k, v in t.items() if k != "healthy"]
+    head = ("fault", "runs", "node", "group", "wrong blame", "missed", "of which job not slowed")
+    rows = [head] + [(k, str(v["runs"]), str(v["node"]), str(v["group"]), str(v["wrong_blame"]), str(v["missed"]),
+                      str(v.get("missed_job_not_slowed", 0))) for k, v in t.items() if k != "healthy"]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     h = t["healthy"]
@@ -215,7 +235,10 @@ def table_lines(result: dict[str, Any]) -> list[str]:
                  f"{b['misdiagnosed_any']} wrong blame, {b['missed']} missed, {b['false_alarms']}/{b['healthy_runs']} "
                  "false alarms")
     for r in result["wrong"]:
-        lines.append(f"#{r['index']} {r['draw']['fault']} on {r['draw']['ranks']} ranks: {_verdict(r)}")
+        js = r.get("job_slowdown")
+        steps = "" if not js else (f"; job steps x{js['ratio']:.2f}"
+                                   + (", within its healthy steps" if js["slowed"] is False else ""))
+        lines.append(f"#{r['index']} {r['draw']['fault']} on {r['draw']['ranks']} ranks: {_verdict(r)}{steps}")
         lines.append(f"    {r['command']}")
     for e in result.get("errors", []):
         lines.append(f"#{e['index']} {e['draw']['fault']} on {e['draw']['ranks']} ranks: not run as drawn, "

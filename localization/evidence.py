@@ -122,6 +122,8 @@ class LinkWindows:
         # over every observation of the job
         self._ends = np.zeros((64, p.window_ops), np.int64)
         self._slow = np.zeros((64, p.window_ops), np.bool_)
+        self._rate = np.zeros((64, p.window_ops), np.float64)
+        self._shared = np.zeros((64, p.window_ops), np.bool_)
         self._fill = np.zeros(64, np.int64)
 
     def add(self, lk: LinkObs) -> None:
@@ -137,6 +139,8 @@ class LinkWindows:
         pos = self._pos[row]
         self._ends[row, pos] = lk.end_ns
         self._slow[row, pos] = lk.slow
+        self._rate[row, pos] = lk.rate_lo
+        self._shared[row, pos] = lk.shared
         self._pos[row] = (pos + 1) % self.p.window_ops
         if pos >= self._fill[row]:
             self._fill[row] = pos + 1
@@ -154,6 +158,8 @@ class LinkWindows:
             grow = len(self._fill)
             self._ends = np.concatenate([self._ends, np.zeros_like(self._ends[:grow])])
             self._slow = np.concatenate([self._slow, np.zeros_like(self._slow[:grow])])
+            self._rate = np.concatenate([self._rate, np.zeros_like(self._rate[:grow])])
+            self._shared = np.concatenate([self._shared, np.zeros_like(self._shared[:grow])])
             self._fill = np.concatenate([self._fill, np.zeros_like(self._fill)])
         self.keys.append(key)
         self.senders.add(node_of(key[0]))
@@ -168,6 +174,26 @@ class LinkWindows:
         valid = np.arange(self.p.window_ops) < self._fill[:n, None]
         recent = valid & (self._ends[:n] >= since)
         return recent.sum(axis=1), (recent & self._slow[:n]).sum(axis=1)
+
+    def row(self, key: Link) -> int:
+        """The row of ``key`` in the column copies (:attr:`keys`)."""
+        return self._row[key]
+
+    def clean_rates(self, since: int, rows: np.ndarray) -> tuple[dict[Link, float], dict[Link, float]]:
+        """Per link of ``rows`` (of :attr:`keys`) with a clean observation ending at or
+        after ``since`` that knew its rate: the highest ``rate_lo`` of those, and the
+        highest of those not shared (-1: all were shared)."""
+        if rows.size == 0:
+            return {}, {}
+        valid = np.arange(self.p.window_ops) < self._fill[rows, None]
+        rate = self._rate[rows]
+        ok = valid & (self._ends[rows] >= since) & ~self._slow[rows] & (rate > 0)
+        lo = np.where(ok, rate, -np.inf).max(axis=1)
+        own = np.where(ok & ~self._shared[rows], rate, -np.inf).max(axis=1)
+        has = np.flatnonzero(ok.any(axis=1))
+        lo_l, own_l = lo[has].tolist(), np.where(np.isfinite(own[has]), own[has], -1.0).tolist()
+        ks = [self.keys[r] for r in rows[has].tolist()]
+        return dict(zip(ks, lo_l, strict=True)), dict(zip(ks, own_l, strict=True))
 
 
 class Lateness:

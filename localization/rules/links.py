@@ -25,6 +25,7 @@ from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, Link, node_of, node_pairs
 from ..observations import Finding
 from ..params import LocalizeParams
+from ..robust import median
 from .host import host_hypothesis, host_shaped
 
 
@@ -32,6 +33,13 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
     """Persistently slow links (at least ``persist_ops`` slow observations, and
     ``persist_frac`` of the window), and links seen clean since the slowness began (older
     clean observations say nothing about the fault)."""
+    slow, clean, _, _ = _link_state(ev, p)
+    return slow, clean
+
+
+def _link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link], int, np.ndarray]:
+    """:func:`link_state`, with the time clean observations count from and the clean links'
+    rows in the link windows (for :func:`shown_rates`, which reads the same rows)."""
     links = ev.links
     slow: dict[Link, list[Finding]] = {}
     for key in links.hot:
@@ -41,18 +49,18 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
         hits = [o.finding for o in obs if o.slow and o.finding is not None]
         if len(hits) >= p.persist_ops and len(hits) >= p.persist_frac * len(obs):
             slow[key] = hits
-    clean: set[Link] = set()
-    if slow:
-        # Clean observations only count from when the slowness was there: the median
-        # start of the slow hits, not the first (an outlier before the fault began
-        # would let pre-fault traffic pass for clean evidence).
-        # The starts and the observations' ends are on different nodes' clocks: only an
-        # observation ending a skew bound after ``since`` surely followed it.
-        since = _since(slow, p)
-        n_recent, n_slow = links.recent(since)
-        ok = (n_recent >= p.link_min_obs) & (n_slow <= p.clean_max_slow_frac * n_recent)
-        clean = {key for key in map(links.keys.__getitem__, np.flatnonzero(ok).tolist()) if key not in slow}
-    return slow, clean
+    if not slow:
+        return slow, set(), 0, np.zeros(0, np.int64)
+    # Clean observations only count from when the slowness was there: the median
+    # start of the slow hits, not the first (an outlier before the fault began
+    # would let pre-fault traffic pass for clean evidence).
+    # The starts and the observations' ends are on different nodes' clocks: only an
+    # observation ending a skew bound after ``since`` surely followed it.
+    since = _since(slow, p)
+    n_recent, n_slow = links.recent(since)
+    ok = (n_recent >= p.link_min_obs) & (n_slow <= p.clean_max_slow_frac * n_recent)
+    rows = [r for r in np.flatnonzero(ok).tolist() if links.keys[r] not in slow]
+    return slow, set(map(links.keys.__getitem__, rows)), since, np.array(rows, np.int64)
 
 
 def _since(slow: dict[Link, list[Finding]], p: LocalizeParams) -> int:
@@ -66,34 +74,33 @@ carried (-1: its records sent to several peers at once, so the link's own share 
 known). Bytes/ns; 0 or absent: unknown."""
 
 
-def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]], clean: set[Link]) -> Rates:
+def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]], clean: set[Link],
+                *, since: int | None = None, rows: np.ndarray | None = None) -> Rates:
     """What the link windows show of the NICs' capacity. A NIC capped at some rate still
     carries, at their usual pace, flows that never ask it for more (an all-to-all bound by
     its receivers' fan-in, a latency-bound exchange), so a clean link says the NIC works
     only up to the rate it carried; the slow links' observations say what the NIC, or the
-    path, let through."""
+    path, let through. ``since`` and ``rows``: what :func:`_link_state` found (the clean
+    links' rows in the link windows), to not compute them again."""
     slow_hi: dict[Link, float] = {}
-    clean_lo: dict[Link, float] = {}
-    clean_in: dict[Link, float] = {}
     if not slow:
-        return slow_hi, clean_lo, clean_in
-    since = _since(slow, p)
+        return slow_hi, {}, {}
+    if since is None:
+        since = _since(slow, p)
     for key in slow:
         his = [o.rate_hi for o in ev.links.obs[key] if o.slow and o.rate_hi > 0]
         if his:
-            slow_hi[key] = float(np.median(his))
-    for key in clean:
-        recent = [o for o in ev.links.obs[key] if not o.slow and o.end_ns >= since and o.rate_lo > 0]
-        if recent:
-            # a cap is a hard bound: one clean record faster than it shows the NIC is not capped
-            clean_lo[key] = max(o.rate_lo for o in recent)
-            clean_in[key] = max((o.rate_lo for o in recent if not o.shared), default=-1.0)
+            slow_hi[key] = median(his)
+    # a cap is a hard bound: one clean record faster than it shows the NIC is not capped
+    if rows is None:
+        rows = np.array([ev.links.row(k) for k in clean], np.int64)
+    clean_lo, clean_in = ev.links.clean_rates(since, rows)
     return slow_hi, clean_lo, clean_in
 
 
 def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
-    slow, clean = link_state(ev, p)
-    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean))
+    slow, clean, since, rows = _link_state(ev, p)
+    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows))
 
 
 def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,

@@ -36,7 +36,7 @@ def replay(d: sw.LabDraw, workdir: Path) -> dict[str, Any]:
     res = diagnose(trace, lab_params(), baseline=True)
     truth = truth_of(parse_fault(d.fault, d.ranks), {r: f"node-{r:02d}" for r in range(d.ranks)},
                      read_truth(trace)["onset_ns"])
-    return {"step_ms": {"healthy_median": 1.0, "faulty_median": 2.0}, **score_run(res.verdicts, res.baseline or [], truth)}
+    return {"step_ms": {"healthy_median": 1.0, "faulty_median": 2.0, "healthy_slowest": 1.2}, **score_run(res.verdicts, res.baseline or [], truth)}
 
 
 def test_draws_are_deterministic_and_cover_the_ranges() -> None:
@@ -74,7 +74,8 @@ def test_each_run_is_scored_on_every_incident() -> None:
     # first incident wrong (network verdicts for a compute fault): wrong on every incident too
     assert by[2]["outcome_all"] == "misdiagnosed" and by[3]["outcome_all"] == "false-alarm"
     assert [r["index"] for r in res["wrong"]] == [2, 3]
-    assert res["table"]["rate"] == {"runs": 1, "node": 1, "group": 0, "wrong_blame": 0, "missed": 0}
+    assert res["table"]["rate"] == {"runs": 1, "node": 1, "group": 0, "wrong_blame": 0, "missed": 0,
+                                    "missed_job_not_slowed": 0}
     assert res["table"]["loss"]["wrong_blame"] == 0 and res["table"]["cpu"]["wrong_blame"] == 1
     assert res["table"]["healthy"] == {"runs": 1, "quiet": 0, "false_alarm": 1}
     s = res["summary"]["pulse"]
@@ -152,3 +153,30 @@ def test_without_root_the_sweep_is_one_clear_error() -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "needs root" in proc.stderr
+
+
+def test_a_miss_of_a_fault_that_never_slowed_the_job_is_counted_apart() -> None:
+    """The harness's own step times say whether the fault slowed the job at all: faulty
+    steps no slower than the slowest healthy step. Such a miss stays a miss (not right), and
+    the table and the replay line say the job was not slowed."""
+    assert sw.job_slowdown({"healthy_median": 200.0, "faulty_median": 230.0, "healthy_slowest": 240.0}) == \
+        {"ratio": 1.15, "slowed": False}
+    assert sw.job_slowdown({"healthy_median": 200.0, "faulty_median": 330.0, "healthy_slowest": 240.0}) == \
+        {"ratio": 1.65, "slowed": True}
+    assert sw.job_slowdown({"healthy_median": 200.0, "faulty_median": None}) is None
+
+    def quiet(slowest: float) -> sw.Execute:
+        def run(d: sw.LabDraw, workdir: Path) -> dict[str, Any]:
+            truth = truth_of(parse_fault(d.fault, d.ranks), {r: f"node-{r:02d}" for r in range(d.ranks)}, 0)
+            return {"step_ms": {"healthy_median": 200.0, "faulty_median": 230.0, "healthy_slowest": slowest},
+                    **score_run([], [], truth)}
+        return run
+
+    ds = [sw.LabDraw(0, 8, "cpu", 6, 0.21, 16, 6)]
+    res = sw.run_sweep(ds, quiet(240.0))
+    assert res["table"]["cpu"]["missed"] == 1 and res["table"]["cpu"]["missed_job_not_slowed"] == 1
+    assert not res["runs"][0]["right"]
+    assert any("job steps x1.15, within its healthy steps" in ln for ln in sw.table_lines(res))
+    res = sw.run_sweep(ds, quiet(210.0))
+    assert res["table"]["cpu"]["missed_job_not_slowed"] == 0
+    assert any(ln.endswith("job steps x1.15") for ln in sw.table_lines(res))

@@ -88,6 +88,26 @@ def test_link_windows_recent_counts_are_the_windows(obs, since, window):
     assert isinstance(n_recent, np.ndarray)
 
 
+@settings(max_examples=200, deadline=None)
+@given(obs=st.lists(st.tuples(st.integers(0, 40), st.integers(-50, 50), st.booleans(),
+                              st.sampled_from([0.0, 0.5, 1.0, 2.5, 7.0]), st.booleans()), max_size=300),
+       since=st.integers(-60, 60), window=st.integers(1, 6), pick=st.integers(0, 2 ** 40))
+def test_link_windows_clean_rates_are_the_windows(obs, since, window, pick):
+    """The clean links' rate bounds (:func:`.rules.links.shown_rates`) read from the column
+    copies are the per-observation scan they replace."""
+    lw = LinkWindows(LocalizeParams(window_ops=window, persist_ops=1))
+    for link, end, slow, rate, shared in obs:
+        lw.add(LinkObs(f"a/{link}", f"b/{link % 7}", slow, None, end, rate_lo=rate, shared=shared))
+    keys = [k for i, k in enumerate(lw.keys) if pick >> (i % 40) & 1]
+    want_lo, want_in = {}, {}
+    for key in keys:
+        recent = [o for o in lw.obs[key] if not o.slow and o.end_ns >= since and o.rate_lo > 0]
+        if recent:
+            want_lo[key] = max(o.rate_lo for o in recent)
+            want_in[key] = max((o.rate_lo for o in recent if not o.shared), default=-1.0)
+    assert lw.clean_rates(since, np.array([lw.row(k) for k in keys], np.int64)) == (want_lo, want_in)
+
+
 @settings(max_examples=300, deadline=None)
 @given(xs=st.lists(st.floats(-1e15, 1e15) | st.integers(-5, 5).map(float) | st.just(float("nan")), max_size=600))
 def test_mad_is_numpys_median_of_deviations(xs):
