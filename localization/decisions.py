@@ -195,9 +195,11 @@ class DecisionBook:
 
 
 def anomaly(job: str, ev: Evidence, inc: Hypothesis) -> Verdict:
-    own = [f for f in inc.findings if f.node in inc.nodes] or inc.findings
+    # a record's finding marks each link it crossed: one finding, shown and counted once
+    findings = list({id(f): f for f in inc.findings}.values())
+    own = [f for f in findings if f.node in inc.nodes] or findings
     shown = sorted(own, key=lambda f: (f.end_ns, f.comm_id, f.seq))[-8:]
-    evidence: dict[str, Any] = {"rule": dict(Counter(f.kind for f in inc.findings)),
+    evidence: dict[str, Any] = {"rule": dict(Counter(f.kind for f in findings)),
                                 "findings": [f.evidence() for f in shown],
                                 "outlier_ops": len({(f.comm_id, f.seq) for f in own}), **inc.extra}
     degraded = {n: ev.degraded[n] for n in inc.nodes if n in ev.degraded}

@@ -75,3 +75,19 @@ def test_a_rail_incident_is_not_cleared_while_its_nics_stalls_are_recent():
 
     assert not clears(ep("a", 1))  # a stall into a's blamed NIC is still kept
     assert clears(ep("a", 2))      # one on another NIC of a is not that incident's
+
+
+def test_a_finding_that_marks_several_links_is_shown_and_counted_once():
+    """A record's finding marks every link it crossed, so the slow links hand the same
+    finding over once per link (a lab rank with 7 Gloo peers: one volume finding shown 7
+    times, the rule count x7): the verdict shows and counts each finding once."""
+    from pulse.localization.decisions import anomaly
+
+    from .findings import evidence
+
+    ev, p = evidence()
+    fs = _fs(3)
+    inc = make_hypothesis(p, "network-slow", "node", ("a",), fs + [fs[0]] * 6 + [fs[1]] * 6, culprit="a")
+    e = anomaly("j", ev, inc).evidence
+    assert [(f["seq"], f["node"]) for f in e["findings"]] == [(0, "a"), (1, "a"), (2, "a")]
+    assert e["rule"] == {ACT: 4} and e["outlier_ops"] == 3
