@@ -116,7 +116,12 @@ def _damage_line(d: dict[str, Any]) -> str:
 @click.option("--no-hooks", "no_hooks", is_flag=True,
               help="Network-only mode: ignore every operator descriptor and infer from the traffic alone "
                    "(chosen by itself when the trace has no op event).")
-def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool, no_hooks: bool) -> None:
+@click.option("--cross-check", "cross", is_flag=True,
+              help="Also compare the descriptors' flow bindings with the wire (peers, directions, undeclared "
+                   "traffic): where a descriptor source lies or lags. With --json: one more line, "
+                   '{"cross_check": {...}}.')
+def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool, no_hooks: bool,
+             cross: bool) -> None:
     """Segment and localize the trace directory TRACE_DIR in one process (no broker), with the
     same engine as the streaming agents. Prints one block per incident (a fault: when it was
     seen, what it names, the evidence); --verdicts for every verdict instead."""
@@ -132,11 +137,18 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
                    "so compute slowness and lateness are not judged", err=True)
     if res.damage:  # on stderr in both modes: --json consumers read records on stdout
         click.echo(f"warning: {trace_dir}: " + _damage_line(res.damage), err=True)
+    check = None
+    if cross:
+        from .crosscheck import cross_check
+
+        check = cross_check(trace_dir)
     if as_json:
         out = sys.stdout.buffer
         records: list[Any] = list(res.verdicts) if show_verdicts else list(res.incidents)
         for r in records + (res.baseline or []):
             out.write(r.to_json() + b"\n")
+        if check is not None:
+            out.write(orjson.dumps({"cross_check": check.to_dict()}) + b"\n")
         out.flush()
         return
     console = _console()
@@ -148,6 +160,9 @@ def diagnose(trace_dir: Path, as_json: bool, show_verdicts: bool, baseline: bool
         _print_insufficient(console, "pulse", res.verdicts)
     if res.baseline is not None:
         _print_verdicts(console, "baseline", res.baseline)
+    if check is not None:
+        for line in check.lines():
+            console.print(line, markup=False, highlight=False)
 
 
 def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
