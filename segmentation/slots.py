@@ -220,14 +220,12 @@ class SlotTable:
         inp = np.zeros(pu.size, bool)
         inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
         act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
-        out = []
-        keys = []
         # Python ints from here: numpy scalar arithmetic per record cost more than the record
         start_l, end_l, vol_l, bad_l, act_l, grant_l = (a.tolist() for a in (start, end, vol, bad, act, grant))
-        for i, uid in enumerate(order):
-            out.append(_metrics.build_from(self.info[uid], clock, start_l[i] if start_l[i] != big else -1,
-                                           end_l[i], vol_l[i], bad_l[i] == 0, act_l[i],
-                                           grant_l[i] if grant_l[i] != big else -1))
-            keys.append(self.ukey[uid])
+        out = _metrics.build_many([self.info[uid] for uid in order], clock,
+                                  [x if x != big else -1 for x in start_l], end_l, vol_l, [b == 0 for b in bad_l],
+                                  act_l, [x if x != big else -1 for x in grant_l])
+        ukey = self.ukey
+        keys = [ukey[uid] for uid in order]
         self.drop(uids)
         return out, keys
