@@ -307,19 +307,25 @@ class NodeSegmenter:
 
     def _ingest_ready(self) -> None:
         """Buffer the rows of every batch released in order since the last run, all
-        batches of a NIC in one pass (the same rows as one pass per batch)."""
+        batches of all NICs in one pass (the same rows as one pass per batch)."""
+        ready: list[tuple[str, NicOrder, list[EpochBatch]]] = []
         for name, nic in self._nics.items():
-            if not nic.ready:
-                continue
-            batches, nic.ready = nic.ready, []
-            for b in batches:
-                check_epoch(b, nic.clock)
+            if nic.ready:
+                ready.append((name, nic, nic.ready))
+                nic.ready = []
+                for b in ready[-1][2]:
+                    check_epoch(b, nic.clock)
+        if not ready:
+            return
+        fast = self._flows.ingest_fast([(name, batches) for name, _, batches in ready], self.params.burst_rx)
+        if fast is not None:
+            self.stats.rows += fast[0]
+            for name, nic, batches in ready:
+                base = max(b.t0_ns // b.epoch_ns for b in batches)
+                nic.wm = max(nic.wm, int(base), fast[1][name] + 1)
+            return
+        for name, nic, batches in ready:
             base = max(b.t0_ns // b.epoch_ns for b in batches)
-            fast = self._flows.ingest_fast(name, batches, self.params.burst_rx)
-            if fast is not None:
-                self.stats.rows += fast[0]
-                nic.wm = max(nic.wm, int(base), fast[1] + 1)
-                continue
             f, e, t, kept = nic_rows(batches, nic.clock, self.params.burst_rx)
             self.stats.rows += kept
             nic.wm = max(nic.wm, int(base), int(e.max()) + 1 if e.size else int(base))
@@ -381,30 +387,20 @@ class NodeSegmenter:
         fids = np.flatnonzero(run)
         if fids.size == 0:
             return []
-        # flows in (nic, id) order: each NIC's rows are one contiguous gather from its store
-        fids = fids[np.lexsort((fids, fl.nic[fids]))]
+        # flows in id order: their rows are one gather from the node's (flow id, epoch)-sorted store
         nics = fl.nic[fids]
         runpos = np.full(fl.n, -1, np.int64)
         runpos[fids] = np.arange(fids.size)
         counts = fl.nrows[fids]
         row_ptr = np.zeros(fids.size + 1, np.int64)
         np.cumsum(counts, out=row_ptr[1:])
-        nic_list = np.unique(nics).tolist()
-        lo = np.zeros(fids.size, np.int64)
-        ep_parts, by_parts = [], []
-        for nix in nic_list:
-            sel = np.flatnonzero(nics == nix)
-            sf, se, sb = self._flows.store[nix]
-            lo[sel] = np.searchsorted(sf, fids[sel])
-            if counts[sel].sum() == sf.size:
-                ep_parts.append(se)
-                by_parts.append(sb)
-            else:
-                idx = gather(lo[sel], counts[sel])
-                ep_parts.append(se[idx])
-                by_parts.append(sb[idx])
-        ep = np.concatenate(ep_parts) if len(ep_parts) > 1 else (ep_parts[0] if ep_parts else _EMPTY)
-        by = np.concatenate(by_parts) if len(by_parts) > 1 else (by_parts[0] if by_parts else _EMPTY)
+        sf, se, sb = self._flows.store
+        lo = np.searchsorted(sf, fids)
+        if int(row_ptr[-1]) == sf.size:
+            ep, by = se, sb
+        else:
+            idx = gather(lo, counts)
+            ep, by = se[idx], sb[idx]
         # operator slots of the run: open, at/after the flow's next seq, below the frontier
         sfid = s.col("fid")
         rp = runpos[sfid]
@@ -448,33 +444,27 @@ class NodeSegmenter:
                             seqs[np.maximum(k1 - 1, 0)] + 1)
             upd = has_open | (k1 > k0)
             fl.next[fids[upd]] = nseq[upd]
-        c = out.consumed - row_ptr[:-1]
+        # trim the store: rows consumed go, a split crossing row keeps the carried bytes,
+        # and each flow's floor moves to its first row kept (one past the last if none)
+        cc = out.consumed - row_ptr[:-1]
         carry = out.carry
-        for nix in nic_list:
-            sel = np.flatnonzero(nics == nix)
-            cn, cc, lo_n = counts[sel], c[sel], lo[sel]
-            ch = cc > 0
-            if not ch.any() and not (carry[sel] >= 0).any():
-                continue
-            f_sel = fids[sel]
-            base_rows = row_ptr[sel]
-            # floor: the first row kept (or one past the last when all were consumed)
-            rest = cc < cn
-            fl.floor[f_sel[ch & rest]] = ep[base_rows[ch & rest] + cc[ch & rest]]
+        ch = cc > 0
+        rest = cc < counts
+        cy = (carry >= 0) & rest
+        if ch.any() or cy.any():
+            fl.floor[fids[ch & rest]] = ep[row_ptr[:-1][ch & rest] + cc[ch & rest]]
             alld = ch & ~rest
-            fl.floor[f_sel[alld]] = ep[base_rows[alld] + cn[alld] - 1] + 1
-            sf, se, sb = self._flows.store[nix]
-            cy = (carry[sel] >= 0) & rest
+            fl.floor[fids[alld]] = ep[row_ptr[:-1][alld] + counts[alld] - 1] + 1
             if cy.any():
                 sb = sb.copy()
-                at = lo_n[cy] + cc[cy]
-                sb[at] = carry[sel][cy] | (sb[at] & ~TX_MASK)  # keep the row's rx bits
-                fl.floor[f_sel[cy]] = se[lo_n[cy] + cc[cy]]
+                at = lo[cy] + cc[cy]
+                sb[at] = carry[cy] | (sb[at] & ~TX_MASK)  # keep the row's rx bits
+                fl.floor[fids[cy]] = se[at]
             if ch.any():
                 drop = np.zeros(sf.size, bool)
-                drop[gather(lo_n[ch], cc[ch])] = True
+                drop[gather(lo[ch], cc[ch])] = True
                 sf, se, sb = sf[~drop], se[~drop], sb[~drop]
-            self._flows.set_store(nix, (sf, se, sb), f_sel)
+            self._flows.set_store((sf, se, sb), fids[ch | cy])
         fl.dirty[fids] = False
         fl.wm_seen[fids] = wm
         if cuid.size == 0:
@@ -500,6 +490,6 @@ def warm_up() -> None:
     merge_rows((one, one, one), (one, one + 1, one))
     u32 = np.ones(1, np.uint32)
     for has_rx in (False, True):  # the types decoded batches bring
-        _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, 512 if has_rx else 0, one, one,
+        _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, np.zeros(1, np.int64), 512 if has_rx else 0, one, one, ptr,
                        np.ones(2, np.int8), np.zeros(2, np.int64), np.zeros(2, bool), np.zeros(2, bool),
                        np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY)

@@ -211,14 +211,14 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True, profil
                 cols.append(b.tx_bytes)
                 cols.append(b.epoch)
                 cols.append(b.flow)
-        timed_chunk = prof is not None and chunk[0].t_ns != SETUP_T  # as the figures, setup apart
-        if timed_chunk:
-            prof.enable()
+        chunk_prof = prof if chunk[0].t_ns != SETUP_T else None  # as the figures: setup apart
+        if chunk_prof is not None:
+            chunk_prof.enable()
         c0 = time.process_time()
         out = seg.add(evs, bts)
         cpu["segment"] += time.process_time() - c0
-        if timed_chunk:
-            prof.disable()
+        if chunk_prof is not None:
+            chunk_prof.disable()
         route(out)
         if chunk[0].t_ns == SETUP_T:
             setup_cpu = {k: cpu[k] - before[k] for k in cpu}
