@@ -29,6 +29,7 @@ import numpy as np
 from pulse.segmentation.association import FlowKey, OpInfo, OpKey, RankFiller, _op_info, associate
 from pulse.segmentation.batchorder import LOW, NicOrder
 from pulse.segmentation.flows import RECV, SEND, UNBOUND, FlowTable
+from pulse.segmentation.frontier import Frontiers
 from pulse.segmentation.gather import active_epochs, gather
 from pulse.segmentation.ingest import _ingest_kernel
 from pulse.segmentation.kernel import FAR, OPEN, TX_MASK, run_kernel, volume_bounds
@@ -60,11 +61,7 @@ class NodeSegmenter:
         """Holds ops without a rank until a comm event names it (sources joined mid-run)."""
         self._flow_events: dict[FlowKey, FlowEvent] = {}
         self._ops: dict[OpKey, OpEvent] = {}
-        self._frontier: dict[tuple[str, int], int] = {}
-        self._ahead: dict[tuple[str, int], set[int]] = {}
-        self._hole_since: dict[tuple[str, int], int] = {}
-        """Per (comm, rank) with a hole before its frontier: the issue time of the first op
-        event that arrived after the hole (the rank's clock)."""
+        self._front = Frontiers(self.params.late_batches, self.params.op_hole_ns, self.stats)
         self._new_ops: list[OpEvent] = []
         self._nics: dict[str, NicOrder] = {}
         self._clock: NicClock | None = None
@@ -72,9 +69,6 @@ class NodeSegmenter:
         """(ranks, comms) of the association for the current comm/flow bindings; None
         when a binding changed and it must be recomputed."""
         self._senders: set[tuple[str, int]] = set()
-        # (comm, rank) ids and their op frontier (ops with seq >= it are not used yet)
-        self._cr_ix: dict[tuple[str, int], int] = {}
-        self._cr_front = np.zeros(0, np.int64)
         self._flows = FlowTable(node, self.params, self.stats, self._flow_state)
         self._slots = SlotTable()
         self._wm_run: dict[str, int] = {}
@@ -83,22 +77,11 @@ class NodeSegmenter:
         same few shapes every step, and associating each op event alone cost ~10 µs."""
 
     # ---- ids ------------------------------------------------------------------------------
-    def _cr_index(self, cr: tuple[str, int]) -> int:
-        ix = self._cr_ix.get(cr)
-        if ix is None:
-            ix = self._cr_ix[cr] = len(self._cr_ix)
-            if ix >= self._cr_front.size:
-                grown = np.zeros(max(64, 2 * self._cr_front.size), np.int64)
-                grown[: self._cr_front.size] = self._cr_front
-                self._cr_front = grown
-            self._cr_front[ix] = self._frontier.get(cr, 0)
-        return ix
-
     def _flow_state(self, key: FlowKey) -> tuple[int, int]:
         fe = self._flow_events.get(key)
         if fe is None or not fe.bound or fe.direction is None:
             return UNBOUND, -1
-        cr = self._cr_index((fe.comm_id or "", fe.rank or 0))
+        cr = self._front.index((fe.comm_id or "", fe.rank or 0))
         return (SEND if fe.direction == "send" else RECV), cr
 
     # ---- hook events -------------------------------------------------------------------
@@ -140,7 +123,8 @@ class NodeSegmenter:
         else:
             self._add_new_ops()
             if moved:
-                crs = np.array([self._cr_ix[cr] for cr in moved if cr in self._cr_ix], np.int64)
+                ix = self._front.ix
+                crs = np.array([ix[cr] for cr in moved if cr in ix], np.int64)
                 if crs.size:
                     f = self._flows.f
                     f.dirty[: f.n] |= np.isin(f.col("cr"), crs)
@@ -160,22 +144,20 @@ class NodeSegmenter:
         if ev.rank is None:
             return False  # the rank filler releases it once its rank is named
         cr = (ev.comm_id, ev.rank)
-        front = self._frontier.get(cr)
+        front = self._front.front.get(cr)
         if front is None:
             # A stream that starts near seq 0 may start out of order: wait for seq 0.
             front = 0 if ev.seq <= self.params.late_batches else ev.seq
-            self._set_front(cr, front)
-        if ev.seq < front and (ev.comm_id, ev.rank, ev.seq) not in self._ops:
-            self.stats.late_ops += 1
-            return False
+            self._front.set(cr, front)
         key = (ev.comm_id, ev.rank, ev.seq)
         if key in self._ops:
             return False
+        if ev.seq < front:
+            self.stats.late_ops += 1
+            return False
         self._ops[key] = ev
         self._new_ops.append(ev)
-        before = self._frontier[cr]
-        self._advance_frontier(cr, ev.seq, ev.t_host_ns)
-        if self._frontier[cr] != before:
+        if self._front.advance(cr, ev.seq, ev.t_host_ns):
             moved.add(cr)
         if len(self._ops) > self.params.max_pending_ops:
             oldest = min(self._ops, key=lambda k: (self._ops[k].t_host_ns or 0, k))
@@ -185,37 +167,6 @@ class NodeSegmenter:
                 self._flows.f.dirty[self._slots.drop(np.array([uid], np.int64))] = True
             self.stats.evicted_ops += 1
         return True
-
-    def _set_front(self, cr: tuple[str, int], front: int) -> None:
-        self._frontier[cr] = front
-        ix = self._cr_ix.get(cr)
-        if ix is not None:
-            self._cr_front[ix] = front
-
-    def _advance_frontier(self, cr: tuple[str, int], seq: int, t_host_ns: int | None = None) -> None:
-        front = self._frontier[cr]
-        ahead = self._ahead.setdefault(cr, set())
-        if seq >= front:
-            ahead.add(seq)
-        while front in ahead:
-            ahead.discard(front)
-            front += 1
-        waited = False
-        if ahead and t_host_ns is not None:
-            since = self._hole_since.setdefault(cr, t_host_ns)
-            waited = t_host_ns - since > self.params.op_hole_ns
-        if not ahead:
-            self._hole_since.pop(cr, None)
-        if len(ahead) > self.params.late_batches or waited:
-            # The descriptor of seq ``front`` is not coming: skip the hole.
-            nxt = min(ahead)
-            self.stats.lost_ops += nxt - front
-            front = nxt
-            while front in ahead:
-                ahead.discard(front)
-                front += 1
-            self._hole_since.pop(cr, None)
-        self._set_front(cr, front)
 
     def _add_new_ops(self) -> None:
         assert self._ctx is not None
@@ -344,8 +295,7 @@ class NodeSegmenter:
         with the bytes seen) and return the remaining metrics."""
         for nic in self._nics.values():
             nic.release(self.params.late_batches, self.stats, force=True)
-        for cr in list(self._frontier):
-            self._set_front(cr, 1 << 62)
+        self._front.release_all()
         # Descriptors not associated yet (only possible after a binding change) are;
         # otherwise the slot table already is what a full re-association would give.
         if self._ctx is not None and self._new_ops:
@@ -406,7 +356,7 @@ class NodeSegmenter:
         rp = runpos[sfid]
         cand = s.col("live") & ~s.col("closed") & (rp >= 0)
         cand &= s.col("seq") >= fl.next[sfid]
-        cand &= s.col("seq") < self._cr_front[np.maximum(fl.cr[sfid], 0)]
+        cand &= s.col("seq") < self._front.array[np.maximum(fl.cr[sfid], 0)]
         sidx = np.flatnonzero(cand)
         sidx = sidx[np.lexsort((s.seq[sidx], rp[sidx]))]
         seqs = s.seq[sidx]
