@@ -96,22 +96,32 @@ class SlotTable:
     # ---- slots --------------------------------------------------------------------------
     def add(self, infos: list[tuple[int, OpInfo]], flow_ids: FlowIds) -> np.ndarray:
         """Append the slots of newly associated operators; returns their flow ids."""
-        pairs = [(uid, f, e) for uid, info in infos for f, e in zip(info.flows, info.expected, strict=True)]
-        if not pairs:
+        if not infos:
             return _EMPTY
-        fids = flow_ids([p[1] for p in pairs])
+        # operators of one shape share their flow list (streaming._info): its ids are
+        # looked up once per call, and the slots are built with array passes, not per pair
+        memo: dict[int, np.ndarray] = {}
+        parts = []
+        for _, info in infos:
+            fids = memo.get(id(info.flows))
+            if fids is None:
+                fids = memo[id(info.flows)] = flow_ids(info.flows)
+            parts.append(fids)
+        fids = np.concatenate(parts)
+        if fids.size == 0:
+            return _EMPTY
+        per = np.array([len(info.flows) for _, info in infos], np.int64)
         s = self.s
-        sl = s.grow(len(pairs))
+        sl = s.grow(fids.size)
         s.fid[sl] = fids
-        s.uid[sl] = [p[0] for p in pairs]
-        s.need[sl] = [p[2] for p in pairs]
-        seq_of = {uid: info.event.seq for uid, info in infos}
-        issue_of = {uid: NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns for uid, info in infos}
-        s.seq[sl] = [seq_of[p[0]] for p in pairs]
-        s.issue[sl] = [issue_of[p[0]] for p in pairs]
+        s.uid[sl] = np.repeat(np.array([uid for uid, _ in infos], np.int64), per)
+        s.need[sl] = [e for _, info in infos for e in info.expected]
+        s.seq[sl] = np.repeat(np.array([info.event.seq for _, info in infos], np.int64), per)
+        s.issue[sl] = np.repeat(np.array([NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns
+                                          for _, info in infos], np.int64), per)
         s.live[sl] = True
-        for uid, info in infos:
-            self._total[uid] += len(info.flows)
+        for (uid, _), n in zip(infos, per.tolist(), strict=True):
+            self._total[uid] += n
         return fids
 
     def rebuild(self, ops: dict[OpKey, OpEvent], info_of: Callable[[OpEvent], OpInfo | None],
