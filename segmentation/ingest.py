@@ -96,10 +96,35 @@ def _ingest_kernel(flow, epoch, tx, rx, has_rx, bounds, base, bnic, burst_rx,  #
         return OK, sf, se, sb, kept, late, -1, nic_emax
     af, ae, ab = rf[:m], re[:m], rb[:m]
     if not ordered:
-        # each batch is sorted by (flow number, epoch), not by flow id; a stable sort of
-        # one key keeps duplicates (overlapping windows) adjacent, then they add up
-        order = np.argsort(af * (emax - emin + 1) + (ae - emin), kind="mergesort")
-        af, ae, ab = af[order], ae[order], ab[order]
+        # each batch is sorted by (flow number, epoch), not by flow id, and a node's NICs
+        # follow one another. A stable counting sort by flow id (ids are small and dense)
+        # keeps each flow's rows in arrival order - its NIC's batches in turn, so by epoch
+        # unless windows overlapped; then a stable sort of one key. Either way duplicates
+        # (overlapping windows) end up adjacent, then they add up.
+        cnt = np.zeros(state.size + 1, np.int64)
+        for j in range(m):
+            cnt[af[j] + 1] += 1
+        for f in range(state.size):
+            cnt[f + 1] += cnt[f]
+        tf = np.empty(m, np.int64)
+        te = np.empty(m, np.int64)
+        tb = np.empty(m, np.int64)
+        for j in range(m):
+            p = cnt[af[j]]
+            cnt[af[j]] += 1
+            tf[p] = af[j]
+            te[p] = ae[j]
+            tb[p] = ab[j]
+        by_epoch = True
+        for j in range(1, m):
+            if tf[j] == tf[j - 1] and te[j] < te[j - 1]:
+                by_epoch = False
+                break
+        if by_epoch:
+            af, ae, ab = tf, te, tb
+        else:
+            order = np.argsort(af * (emax - emin + 1) + (ae - emin), kind="mergesort")
+            af, ae, ab = af[order], ae[order], ab[order]
         w = 0
         for j in range(m):
             if w and af[j] == af[w - 1] and ae[j] == ae[w - 1]:

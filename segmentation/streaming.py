@@ -32,11 +32,12 @@ from pulse.segmentation.flows import RECV, SEND, UNBOUND, FlowTable
 from pulse.segmentation.frontier import Frontiers
 from pulse.segmentation.gather import active_epochs, gather
 from pulse.segmentation.ingest import _ingest_kernel
-from pulse.segmentation.kernel import FAR, OPEN, TX_MASK, run_kernel, volume_bounds
+from pulse.segmentation.kernel import FAR, OPEN, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, batch_rows, check_epoch, nic_rows
 from pulse.segmentation.rowstore import merge_rows
 from pulse.segmentation.slots import SlotTable
+from pulse.segmentation.stepkern import select_slots, trim_rows
 from pulse.segmentation.streamstats import StreamStats
 
 from pulse.events import CommEvent, FlowEvent, OpEvent
@@ -352,17 +353,10 @@ class NodeSegmenter:
             idx = gather(lo, counts)
             ep, by = se[idx], sb[idx]
         # operator slots of the run: open, at/after the flow's next seq, below the frontier
-        sfid = s.col("fid")
-        rp = runpos[sfid]
-        cand = s.col("live") & ~s.col("closed") & (rp >= 0)
-        cand &= s.col("seq") >= fl.next[sfid]
-        cand &= s.col("seq") < self._front.array[np.maximum(fl.cr[sfid], 0)]
-        sidx = np.flatnonzero(cand)
-        sidx = sidx[np.lexsort((s.seq[sidx], rp[sidx]))]
+        sidx, op_ptr = select_slots(s.col("fid"), s.col("live"), s.col("closed"), s.col("seq"), runpos, fl.next,
+                                    fl.cr, self._front.array, fids.size)
         seqs = s.seq[sidx]
         need = s.need[sidx]
-        op_ptr = np.zeros(fids.size + 1, np.int64)
-        np.cumsum(np.bincount(rp[sidx], minlength=fids.size), out=op_ptr[1:])
         thr, slack = volume_bounds(need, self.params.rel_tolerance, self.params.abs_tolerance)
         wm = np.full(fids.size, FAR, np.int64) if final else nic_wm[nics]
         clock = self._clock or NicClock(DEFAULT_EPOCH_NS, 0)
@@ -385,36 +379,9 @@ class NodeSegmenter:
             sr = slot_run[started]
             rep, act_ep = active_epochs(ep, by, counts, sr, out.start[started], out.end[started])
             self._slots.pool_epochs(s.uid[sidx[started]][rep], fids[sr][rep], act_ep)
-        # per flow: next seq, resume row, carry
-        k0, k1 = op_ptr[:-1], op_ptr[1:]
-        nxt = out.next_op
-        has_open = nxt < k1
-        if seqs.size:
-            nseq = np.where(has_open, seqs[np.minimum(nxt, seqs.size - 1)],
-                            seqs[np.maximum(k1 - 1, 0)] + 1)
-            upd = has_open | (k1 > k0)
-            fl.next[fids[upd]] = nseq[upd]
-        # trim the store: rows consumed go, a split crossing row keeps the carried bytes,
-        # and each flow's floor moves to its first row kept (one past the last if none)
-        cc = out.consumed - row_ptr[:-1]
-        carry = out.carry
-        ch = cc > 0
-        rest = cc < counts
-        cy = (carry >= 0) & rest
-        if ch.any() or cy.any():
-            fl.floor[fids[ch & rest]] = ep[row_ptr[:-1][ch & rest] + cc[ch & rest]]
-            alld = ch & ~rest
-            fl.floor[fids[alld]] = ep[row_ptr[:-1][alld] + counts[alld] - 1] + 1
-            if cy.any():
-                sb = sb.copy()
-                at = lo[cy] + cc[cy]
-                sb[at] = carry[cy] | (sb[at] & ~TX_MASK)  # keep the row's rx bits
-                fl.floor[fids[cy]] = se[at]
-            if ch.any():
-                drop = np.zeros(sf.size, bool)
-                drop[gather(lo[ch], cc[ch])] = True
-                sf, se, sb = sf[~drop], se[~drop], sb[~drop]
-            self._flows.set_store((sf, se, sb), fids[ch | cy])
+        # per flow: next seq, rows consumed, carry, floor
+        self._flows.store = trim_rows(fids, row_ptr, lo, out.consumed, out.carry, out.next_op, op_ptr, seqs, ep,
+                                      (sf, se, sb), fl.floor, fl.next, fl.nrows)
         fl.dirty[fids] = False
         fl.wm_seen[fids] = wm
         if cuid.size == 0:
@@ -438,6 +405,10 @@ def warm_up() -> None:
         run_kernel(ptr, one, one, ptr, one, thr, slack, gap=3, stall=10, merge=5, watermark=one,
                    final=final, carry_in=None, earliest=one)
     merge_rows((one, one, one), (one, one + 1, one))
+    yes = np.ones(1, bool)
+    _, op_ptr = select_slots(_EMPTY, ~yes, yes, _EMPTY, one, one, one, one, 1)
+    trim_rows(_EMPTY, np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY, _EMPTY, op_ptr, _EMPTY, _EMPTY,
+              (_EMPTY, _EMPTY, _EMPTY), one.copy(), one.copy(), one.copy())
     u32 = np.ones(1, np.uint32)
     for has_rx in (False, True):  # the types decoded batches bring
         _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, np.zeros(1, np.int64), 512 if has_rx else 0, one, one, ptr,
