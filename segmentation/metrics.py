@@ -45,12 +45,14 @@ def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int
     """One record from the reduced figures: first/last active grid epoch over the flows
     (``first`` -1 when none started), total bytes, whether every flow completed, the
     union of their active epochs, and the earliest grant epoch (-1 none)."""
-    return build_many([info], clock, [first], [last], [volume], [complete], [act_epochs], [grant])[0]
+    return build_many([info], clock, [int(first)], [int(last)], [int(volume)], [bool(complete)], [int(act_epochs)],
+                      [int(grant)])[0]
 
 
 def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: list[int], volume: list[int],
                complete: list[bool], act_epochs: list[int], grant: list[int]) -> list[OpMetrics]:
-    """:func:`build_from` for many operators (Python ints and bools per argument). Every
+    """:func:`build_from` for many operators (Python ints and bools per argument: they go
+    into the records as they are). Every
     value is computed here from validated inputs, so the records are built trusted (no
     per-field validation), and each record's fields are set as one dict (what
     ``OpMetrics.trusted`` does field by field cost a third of a record when thousands are
@@ -76,16 +78,16 @@ def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: lis
         else:
             # Nothing sent: pin the empty interval at the host-side issue time.
             start_ns = end_ns = int(ev.t_host_ns or 0)
-        act_ns = int(act_epochs[i]) * epoch
-        vol = int(volume[i])
+        act_ns = act_epochs[i] * epoch
+        vol = volume[i]
         rate = vol / (act_ns * 1e-9) if act_ns > 0 else 0.0
         g = grant[i]
         rec = new(OpMetrics)
         setattr_(rec, "__dict__", {
             "job": ev.job, "node": ev.node, "comm_id": ev.comm_id, "seq": ev.seq, "rank": ev.rank, "kind": ev.kind,
             "nranks": info.nranks, "start_ns": start_ns, "end_ns": end_ns, "duration_ns": end_ns - start_ns,
-            "act_ns": act_ns, "volume_bytes": vol, "expected_bytes": st[0], "complete": bool(complete[i]),
-            "active_rate": float(min(rate, 1e15)), "flows": st[1], "epoch_ns": epoch, "nics": list(st[2]),
+            "act_ns": act_ns, "volume_bytes": vol, "expected_bytes": st[0], "complete": complete[i],
+            "active_rate": min(rate, 1e15), "flows": st[1], "epoch_ns": epoch, "nics": list(st[2]),
             "group": ev.group, "t_host_ns": ev.t_host_ns, "granted_ns": g * epoch + phase if g >= 0 else None})
         out.append(rec)
     return out

@@ -51,23 +51,32 @@ class SlotTable:
 
     # ---- operator ids -----------------------------------------------------------------
     def new_uid(self, key: OpKey) -> int:
-        if self._free:
-            uid = self._free.pop()
-        else:
-            uid = self.next_uid
-            self.next_uid += 1
-            if uid >= self._total.size:
-                cap = max(64, 2 * self._total.size)
-                for name in ("_total", "_closed"):
-                    old = getattr(self, name)
-                    new = np.zeros(cap, np.int64)
-                    new[: old.size] = old
-                    setattr(self, name, new)
-        self.uid[key] = uid
-        self.ukey[uid] = key
-        self._total[uid] = 0
-        self._closed[uid] = 0
-        return uid
+        return self.new_uids([key])[0]
+
+    def new_uids(self, keys: list[OpKey]) -> list[int]:
+        """Ids for new operators (freed ids first), their counts zeroed."""
+        uids = []
+        for key in keys:
+            if self._free:
+                uid = self._free.pop()
+            else:
+                uid = self.next_uid
+                self.next_uid += 1
+            self.uid[key] = uid
+            self.ukey[uid] = key
+            uids.append(uid)
+        if self.next_uid > self._total.size:
+            cap = max(64, 2 * self._total.size, self.next_uid)
+            for name in ("_total", "_closed"):
+                old = getattr(self, name)
+                new = np.zeros(cap, np.int64)
+                new[: old.size] = old
+                setattr(self, name, new)
+        if uids:
+            ix = np.array(uids, np.int64)
+            self._total[ix] = 0
+            self._closed[ix] = 0
+        return uids
 
     def forget(self, uids: Iterable[int]) -> None:
         for uid in uids:

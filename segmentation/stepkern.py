@@ -33,8 +33,10 @@ def _candidate(i, s_fid, s_live, s_closed, s_seq, runpos, f_next, f_cr, front): 
 def _select_kernel(s_fid, s_live, s_closed, s_seq, runpos, f_next, f_cr, front, n_run):  # pragma: no cover
     n = s_fid.size
     op_ptr = np.zeros(n_run + 1, np.int64)
+    cand = np.empty(n, np.int64)
     for i in range(n):
         r = _candidate(i, s_fid, s_live, s_closed, s_seq, runpos, f_next, f_cr, front)
+        cand[i] = r
         if r >= 0:
             op_ptr[r + 1] += 1
     for r in range(n_run):
@@ -42,7 +44,7 @@ def _select_kernel(s_fid, s_live, s_closed, s_seq, runpos, f_next, f_cr, front, 
     pos = op_ptr[:-1].copy()
     sidx = np.empty(op_ptr[n_run], np.int64)
     for i in range(n):
-        r = _candidate(i, s_fid, s_live, s_closed, s_seq, runpos, f_next, f_cr, front)
+        r = cand[i]
         if r >= 0:
             sidx[pos[r]] = i
             pos[r] += 1

@@ -171,21 +171,23 @@ class NodeSegmenter:
 
     def _add_new_ops(self) -> None:
         assert self._ctx is not None
-        infos = []
+        keys, found = [], []
+        ops, known = self._ops, self._slots.uid
         for op in sorted(self._new_ops, key=lambda o: (o.comm_id, o.rank, o.seq)):
             key = (op.comm_id, op.rank, op.seq)
-            if key not in self._ops or key in self._slots.uid:
+            if key not in ops or key in known:
                 continue
             info = self._info(op)
             if info is None:
                 if (op.comm_id, op.rank) in self._senders:
-                    del self._ops[key]  # not an operator for Pulse on this rank (e.g. Recv)
+                    del ops[key]  # not an operator for Pulse on this rank (e.g. Recv)
                 continue
-            uid = self._slots.new_uid(key)
-            self._slots.info[uid] = info
-            infos.append((uid, info))
+            keys.append(key)
+            found.append(info)
         self._new_ops = []
-        self._flows.f.dirty[self._slots.add(infos, self._flows.ids)] = True
+        uids = self._slots.new_uids(keys)
+        self._slots.info.update(zip(uids, found, strict=True))
+        self._flows.f.dirty[self._slots.add(list(zip(uids, found, strict=True)), self._flows.ids)] = True
 
     def _info(self, op: OpEvent) -> OpInfo | None:
         """``_op_info`` of ``op`` under the current bindings, memoised by everything it
@@ -203,8 +205,12 @@ class NodeSegmenter:
         info = hit[0]
         if info is None:
             return None
-        return OpInfo(event=op, algo=info.algo, nranks=info.nranks, flows=info.flows, expected=info.expected,
-                      ambiguous=info.ambiguous)
+        # the shape's info with this event: a dict copy, cheaper than the dataclass __init__
+        out = object.__new__(OpInfo)
+        d = out.__dict__
+        d.update(info.__dict__)
+        d["event"] = op
+        return out
 
     def _rebuild(self) -> None:
         """A comm/flow binding changed: recompute the association of every pending op,
