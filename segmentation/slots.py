@@ -17,6 +17,7 @@ from pulse.segmentation.association import NO_TIME, FlowKey, OpInfo, OpKey
 from pulse.segmentation.columns import Columns
 from pulse.segmentation.kernel import COMPLETE
 from pulse.segmentation.rows import NicClock
+from pulse.segmentation.stepkern import reduce_slots
 
 from pulse.events import OpEvent
 from pulse.records import OpMetrics
@@ -216,29 +217,16 @@ class SlotTable:
         uids = np.array(order, np.int64)
         ix = np.full(int(uids.max()) + 1, -1, np.int64)
         ix[uids] = np.arange(uids.size)
-        mine = s.col("live") & s.col("closed")
-        mine &= ix[np.minimum(s.col("uid"), ix.size - 1)] >= 0
-        mine &= s.col("uid") < ix.size
-        rows = np.flatnonzero(mine)
-        g = ix[s.uid[rows]]
         n = uids.size
-        began = s.start[rows] >= 0
         big = np.int64(1) << 62
-        start = np.full(n, big, np.int64)
-        np.minimum.at(start, g[began], s.start[rows][began])
-        end = np.full(n, -big, np.int64)
-        np.maximum.at(end, g[began], s.end[rows][began])
-        vol = np.zeros(n, np.int64)
-        np.add.at(vol, g, s.vol[rows])
-        grant = np.full(n, big, np.int64)
-        granted = s.grant[rows] >= 0
-        np.minimum.at(grant, g[granted], s.grant[rows][granted])
-        bad = np.zeros(n, np.int64)
-        np.add.at(bad, g, (s.status[rows] != COMPLETE).astype(np.int64))
         pu, _, pe = self.pool
-        inp = np.zeros(pu.size, bool)
-        inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
-        act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
+        start, end, vol, grant, bad, act = reduce_slots(
+            ix, s.col("uid"), s.col("live"), s.col("closed"), s.col("start"), s.col("end"), s.col("vol"),
+            s.col("grant"), s.col("status"), pu, pe, n, COMPLETE)
+        if act is None:
+            inp = np.zeros(pu.size, bool)
+            inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
+            act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
         # Python ints from here: numpy scalar arithmetic per record cost more than the record
         start_l, end_l, vol_l, bad_l, act_l, grant_l = (a.tolist() for a in (start, end, vol, bad, act, grant))
         out = _metrics.build_many([self.info[uid] for uid in order], clock,

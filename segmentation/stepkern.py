@@ -149,3 +149,69 @@ def trim_rows(fids: np.ndarray, row_ptr: np.ndarray, lo: np.ndarray, consumed: n
     sf, se, sb = store
     return _trim_kernel(fids, row_ptr, lo, consumed, carry, next_op, op_ptr, seqs, ep, sf, se, sb, f_floor,
                         f_next, f_nrows)
+
+
+@numba.njit(cache=True, nogil=True)
+def _reduce_kernel(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, n,
+                   complete):  # pragma: no cover - numba
+    big = np.int64(1) << 62
+    start = np.full(n, big, np.int64)
+    end = np.full(n, -big, np.int64)
+    vol = np.zeros(n, np.int64)
+    grant = np.full(n, big, np.int64)
+    bad = np.zeros(n, np.int64)
+    for i in range(s_uid.size):
+        u = s_uid[i]
+        if not (s_live[i] and s_closed[i]) or u >= ix.size or ix[u] < 0:
+            continue
+        k = ix[u]
+        if s_start[i] >= 0:
+            start[k] = min(start[k], s_start[i])
+            end[k] = max(end[k], s_end[i])
+        vol[k] += s_vol[i]
+        if s_grant[i] >= 0:
+            grant[k] = min(grant[k], s_grant[i])
+        if s_status[i] != complete:
+            bad[k] += 1
+    # ACT: distinct (operator, epoch) pairs among its closed slots' pooled active epochs
+    m = 0
+    emin = big
+    emax = -big
+    for j in range(pu.size):
+        u = pu[j]
+        if u < ix.size and ix[u] >= 0:
+            m += 1
+            emin = min(emin, pe[j])
+            emax = max(emax, pe[j])
+    act = np.zeros(n, np.int64)
+    if m == 0:
+        return start, end, vol, grant, bad, act, True
+    if emax - emin >= (np.int64(1) << 40) or n >= (np.int64(1) << 22):
+        return start, end, vol, grant, bad, act, False
+    keys = np.empty(m, np.int64)
+    w = 0
+    for j in range(pu.size):
+        u = pu[j]
+        if u < ix.size and ix[u] >= 0:
+            keys[w] = (ix[u] << 40) | (pe[j] - emin)
+            w += 1
+    keys.sort()
+    for j in range(m):
+        if j == 0 or keys[j] != keys[j - 1]:
+            act[keys[j] >> 40] += 1
+    return start, end, vol, grant, bad, act, True
+
+
+def reduce_slots(ix: np.ndarray, s_uid: np.ndarray, s_live: np.ndarray, s_closed: np.ndarray, s_start: np.ndarray,
+                 s_end: np.ndarray, s_vol: np.ndarray, s_grant: np.ndarray, s_status: np.ndarray, pu: np.ndarray,
+                 pe: np.ndarray, n: int, complete: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """Per operator ``k`` (the live closed slots whose uid ``u`` has ``ix[u] == k``): first
+    start and last end over its slots that started (2^62 / -2^62 when none), bytes, first
+    grant (2^62 when none), slots not complete, and the distinct pooled active epochs
+    (``pu``/``pe``: uid and epoch) - or None for the latter when epochs span 2^40 (the
+    caller counts them with ``metrics.union_count``)."""
+    start, end, vol, grant, bad, act, ok = _reduce_kernel(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol,
+                                                          s_grant, s_status, pu, pe, np.int64(n),
+                                                          np.int8(complete))
+    return start, end, vol, grant, bad, act if ok else None

@@ -37,7 +37,7 @@ from pulse.segmentation.params import SegmentationError, SegmentParams, check_pa
 from pulse.segmentation.rows import NicClock, batch_rows, check_epoch, nic_rows
 from pulse.segmentation.rowstore import merge_rows
 from pulse.segmentation.slots import SlotTable
-from pulse.segmentation.stepkern import select_slots, trim_rows
+from pulse.segmentation.stepkern import reduce_slots, select_slots, trim_rows
 from pulse.segmentation.streamstats import StreamStats
 
 from pulse.events import CommEvent, FlowEvent, OpEvent
@@ -415,6 +415,7 @@ def warm_up() -> None:
     _, op_ptr = select_slots(_EMPTY, ~yes, yes, _EMPTY, one, one, one, one, 1)
     trim_rows(_EMPTY, np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY, _EMPTY, op_ptr, _EMPTY, _EMPTY,
               (_EMPTY, _EMPTY, _EMPTY), one.copy(), one.copy(), one.copy())
+    reduce_slots(one, one, yes, yes, one, one, one, one, np.ones(1, np.int8), one, one, 1, 1)
     u32 = np.ones(1, np.uint32)
     for has_rx in (False, True):  # the types decoded batches bring
         _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, np.zeros(1, np.int64), 512 if has_rx else 0, one, one, ptr,

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pulse.segmentation.gather import gather
 from pulse.segmentation.kernel import TX_MASK
-from pulse.segmentation.stepkern import select_slots, trim_rows
+from pulse.segmentation.metrics import union_count
+from pulse.segmentation.stepkern import reduce_slots, select_slots, trim_rows
 
 
 def select_ref(s_fid, s_live, s_closed, s_seq, runpos, f_next, f_cr, front, n_run):
@@ -109,3 +110,61 @@ def test_trim_rows_equals_reference(data):
     got = trim_rows(fids, row_ptr, lo, consumed, carry, next_op, op_ptr, seqs, ep, (sf, se, sb), *state)
     assert [a.tolist() for a in got] == [a.tolist() for a in want]
     assert [a.tolist() for a in state] == [a.tolist() for a in want_state]
+
+
+def reduce_ref(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, n, complete):
+    """The numpy passes slots.emit made before (np.*.at and union_count)."""
+    mine = s_live & s_closed
+    mine &= ix[np.minimum(s_uid, ix.size - 1)] >= 0
+    mine &= s_uid < ix.size
+    rows = np.flatnonzero(mine)
+    g = ix[s_uid[rows]]
+    began = s_start[rows] >= 0
+    big = np.int64(1) << 62
+    start = np.full(n, big, np.int64)
+    np.minimum.at(start, g[began], s_start[rows][began])
+    end = np.full(n, -big, np.int64)
+    np.maximum.at(end, g[began], s_end[rows][began])
+    vol = np.zeros(n, np.int64)
+    np.add.at(vol, g, s_vol[rows])
+    grant = np.full(n, big, np.int64)
+    granted = s_grant[rows] >= 0
+    np.minimum.at(grant, g[granted], s_grant[rows][granted])
+    bad = np.zeros(n, np.int64)
+    np.add.at(bad, g, (s_status[rows] != complete).astype(np.int64))
+    inp = np.zeros(pu.size, bool)
+    inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
+    act = union_count(ix[pu[inp]], pe[inp], n)
+    return start, end, vol, grant, bad, act
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_reduce_slots_equals_reference(data):
+    n_uid = data.draw(st.integers(1, 8))
+    chosen = data.draw(st.lists(st.integers(0, n_uid - 1), min_size=1, max_size=n_uid, unique=True))
+    ix = np.full(max(chosen) + 1, -1, np.int64)
+    ix[chosen] = np.arange(len(chosen))
+    k = data.draw(st.integers(0, 25))
+
+    def col(strat):
+        return data.draw(st.lists(strat, min_size=k, max_size=k))
+
+    s_uid = np.array(col(st.integers(0, n_uid + 1)), np.int64)  # some beyond ix
+    s_live, s_closed = np.array(col(st.booleans()), bool), np.array(col(st.booleans()), bool)
+    s_start = np.array(col(st.integers(-1, 30)), np.int64)
+    s_end = s_start + np.array(col(st.integers(0, 9)), np.int64)
+    s_vol, s_grant = np.array(col(st.integers(0, 1000)), np.int64), np.array(col(st.integers(-1, 30)), np.int64)
+    s_status = np.array(col(st.integers(0, 2)), np.int8)
+    p = data.draw(st.integers(0, 30))
+    pu = np.array(data.draw(st.lists(st.integers(0, n_uid + 1), min_size=p, max_size=p)), np.int64)
+    far = data.draw(st.booleans())  # epochs spanning 2^41: the caller's union_count fallback
+    pe = np.array(data.draw(st.lists(st.sampled_from([0, 1, 5, 9, (1 << 41) if far else 3]), min_size=p,
+                                     max_size=p)), np.int64)
+    args = (ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, len(chosen), 1)
+    want = reduce_ref(*args)
+    got = list(reduce_slots(*args))
+    if got[5] is None:
+        got[5] = union_count(ix[pu[(pu < ix.size) & (ix[np.minimum(pu, ix.size - 1)] >= 0)]],
+                             pe[(pu < ix.size) & (ix[np.minimum(pu, ix.size - 1)] >= 0)], len(chosen))
+    assert [a.tolist() for a in got] == [a.tolist() for a in want]
