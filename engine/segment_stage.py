@@ -159,7 +159,8 @@ class SegmentStage:
             self.batches += 1
             self.rows += batch.n_rows
             self._note_job(batch.node, batch.job)
-            if self._wild_time(batch):
+            end = batch.end_ns()
+            if self._wild_time(batch, end):
                 self._count(batch.node, "wild_time_batches")
                 continue
             if now:
@@ -172,7 +173,6 @@ class SegmentStage:
                 out.refused.append((batch, exc))
                 continue
             touched[batch.node] = seg
-            end = batch.end_ns()
             if end > ends.get(batch.node, -(1 << 62)):
                 ends[batch.node] = end
             nic_end = self._nic_end.setdefault(batch.node, {})
@@ -281,8 +281,8 @@ class SegmentStage:
             refs[job] = ([e for e, _ in ends], {n: i for i, (_, n) in enumerate(ends)})
         return refs
 
-    def _wild_time(self, b: EpochBatch) -> bool:
-        if b.t0_ns < 0 or b.end_ns() >= 1 << 62:
+    def _wild_time(self, b: EpochBatch, end_ns: int) -> bool:
+        if b.t0_ns < 0 or end_ns >= 1 << 62:
             return True
         ref = self._skew_ref.get(b.job)
         if ref is None:
@@ -298,6 +298,8 @@ class SegmentStage:
 
     def _clamp(self, b: EpochBatch) -> EpochBatch:
         cap = min(MAX_LINK_BYTES_PER_NS * b.epoch_ns, 0xFFFFFFFF)
+        if b.n_rows == 0 or (int(b.tx_bytes.max()) <= cap and (b.rx_bytes is None or int(b.rx_bytes.max()) <= cap)):
+            return b  # the usual batch: one reduction per column, no mask
         over = int(np.count_nonzero(b.tx_bytes > cap))
         rx_over = 0 if b.rx_bytes is None else int(np.count_nonzero(b.rx_bytes > cap))
         if not (over or rx_over):

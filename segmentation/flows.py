@@ -1,9 +1,11 @@
 """The streaming segmenter's flows and their buffered rows.
 
 Flows get integer ids with per-flow state columns (NIC, (comm, rank), binding state,
-next operator, the first epoch not yet segmented, ...), and each NIC's buffered rows live
-in one (flow id, epoch)-sorted store (:mod:`pulse.segmentation.rowstore`): a batch is
-merged in with one linear pass instead of one array operation per flow. Rows wait there
+next operator, the first epoch not yet segmented, ...), and the node's buffered rows (all
+its NICs: flow ids are the node's) live in one (flow id, epoch)-sorted store
+(:mod:`pulse.segmentation.rowstore`): a chunk's batches are merged in with one linear
+pass, and a segmentation step reads and trims it with array passes over the node's rows,
+not one set per NIC. Rows wait there
 for the op descriptors that explain them or for an open operator to close; every cap
 (rows per flow, unbound flows) evicts the oldest and counts it.
 """
@@ -47,12 +49,15 @@ class FlowTable:
         self.fid: dict[FlowKey, int] = {}
         self.keys: list[FlowKey] = []
         self.f = Columns(FLOW_SPEC)
-        # NICs by index: name, flow number -> flow id (sorted), buffered rows store
+        # NICs by index: name, flow number -> flow id (sorted)
         self._nic_ix: dict[str, int] = {}
         self.nic_names: list[str] = []
         self._nic_nums: list[np.ndarray] = []
         self._nic_ids: list[np.ndarray] = []
-        self.store: list[Rows] = []
+        self._lookup: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        """Every NIC's nums and ids concatenated, with NIC offsets (the ingest kernel's form)."""
+        self.store: Rows = (_EMPTY, _EMPTY, _EMPTY)
+        """The node's buffered rows, sorted by (flow id, epoch)."""
 
     def nic_index(self, nic: str) -> int:
         ix = self._nic_ix.get(nic)
@@ -61,7 +66,7 @@ class FlowTable:
             self.nic_names.append(nic)
             self._nic_nums.append(_EMPTY)
             self._nic_ids.append(_EMPTY)
-            self.store.append((_EMPTY, _EMPTY, _EMPTY))
+            self._lookup = None
         return ix
 
     def ids(self, keys: list[FlowKey]) -> np.ndarray:
@@ -84,6 +89,7 @@ class FlowTable:
             ids = np.concatenate((self._nic_ids[nix], fids)).astype(np.int64)
             order = np.argsort(nums, kind="stable")
             self._nic_nums[nix], self._nic_ids[nix] = nums[order], ids[order]
+            self._lookup = None
         return out
 
     def refresh_states(self) -> None:
@@ -97,24 +103,28 @@ class FlowTable:
         n = self.f.col("nrows")
         return {self.keys[i]: int(n[i]) for i in np.flatnonzero(n).tolist()}
 
-    def ingest_fast(self, nic_name: str, batches: list[EpochBatch], burst_rx: int) -> tuple[int, int] | None:
-        """A NIC's consecutive batches in one kernel pass (:mod:`.ingest`); returns (rows
-        kept, last grid epoch or LOW), or None, having changed nothing, when they need the
-        general path (a flow not known or not bound yet)."""
-        nix = self.nic_index(nic_name)
+    def ingest_fast(self, per_nic: list[tuple[str, list[EpochBatch]]], burst_rx: int) -> tuple[int, dict[str, int]] | None:
+        """Each NIC's consecutive batches, all in one kernel pass (:mod:`.ingest`); returns
+        (rows kept, last grid epoch per NIC, LOW for none), or None, having changed
+        nothing, when they need the general path (a flow not known or not bound yet)."""
+        ixs = [(self.nic_index(name), batches) for name, batches in per_nic]
+        if self._lookup is None:
+            ptr = np.zeros(len(self._nic_nums) + 1, np.int64)
+            np.cumsum([a.size for a in self._nic_nums], out=ptr[1:])
+            self._lookup = (np.concatenate([_EMPTY, *self._nic_nums]), np.concatenate([_EMPTY, *self._nic_ids]), ptr)
+        nums, ids, ptr = self._lookup
         fl = self.f
-        status, store, kept, late, most, emax = ingest_batches(
-            batches, burst_rx, self._nic_nums[nix], self._nic_ids[nix], fl.state, fl.floor, fl.has, fl.dirty,
-            fl.nrows, self.store[nix])
+        status, store, kept, late, most, nic_emax = ingest_batches(
+            ixs, burst_rx, nums, ids, ptr, fl.state, fl.floor, fl.has, fl.dirty, fl.nrows, self.store)
         if status != OK:
             return None
         self.stats.late_rows += late
         if most > self.params.max_buffered_rows:
             touched = np.unique(store[0])
-            self.set_store(nix, self._evict(*store), touched)
+            self.set_store(self._evict(*store), touched)
         elif most >= 0:
-            self.store[nix] = store
-        return kept, (emax if kept else LOW)
+            self.store = store
+        return kept, {name: int(nic_emax[nix]) for (name, _), (nix, _) in zip(per_nic, ixs, strict=True)}
 
     def _evict(self, sf: np.ndarray, se: np.ndarray, sb: np.ndarray) -> Rows:
         """The oldest rows of a flow over ``max_buffered_rows`` go (counted): its earlier
@@ -183,13 +193,12 @@ class FlowTable:
             # flow ids are not in flow-number order: sort (epochs stay sorted per flow)
             order = np.argsort(row_fid, kind="stable")
             row_fid, e, t = row_fid[order], e[order], t[order]
-        sf, se, sb = self._evict(*merge_rows(self.store[nix], (row_fid, e, t)))
-        self.set_store(nix, (sf, se, sb), touched)
+        self.set_store(self._evict(*merge_rows(self.store, (row_fid, e, t))), touched)
         return True
 
-    def set_store(self, nix: int, store: Rows, touched: np.ndarray) -> None:
-        """Replace a NIC's store; ``touched``: flows whose row count may have changed."""
-        self.store[nix] = store
+    def set_store(self, store: Rows, touched: np.ndarray) -> None:
+        """Replace the store; ``touched``: flows whose row count may have changed."""
+        self.store = store
         fl = self.f
         fl.nrows[touched] = 0
         sf = store[0]
@@ -200,8 +209,7 @@ class FlowTable:
             fl.nrows[sf[starts]] = np.diff(np.append(starts, sf.size))
 
     def drop_rows(self, fids: np.ndarray) -> None:
-        for nix in np.unique(self.f.nic[fids]).tolist():
-            sf, se, sb = self.store[nix]
-            if sf.size:
-                keep = ~np.isin(sf, fids)
-                self.set_store(nix, (sf[keep], se[keep], sb[keep]), fids[self.f.nic[fids] == nix])
+        sf, se, sb = self.store
+        if sf.size:
+            keep = ~np.isin(sf, fids)
+            self.set_store((sf[keep], se[keep], sb[keep]), fids)

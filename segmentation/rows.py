@@ -91,6 +91,24 @@ def _rows_kernel(flow, epoch, tx, rx, has_rx, bounds, base, burst_rx, rx_cap, rx
     return of[:k], oe[:k], ob[:k], ordered
 
 
+def concat_batches(batches: list[EpochBatch]
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
+    """Consecutive batches' columns as one (flow, epoch, tx, rx or None when some batch has
+    no rx), ``bounds`` cutting them per batch and each batch's grid offset ``base``: the
+    form the row kernels (here and in :mod:`.ingest`) take, one call for many batches."""
+    if len(batches) == 1:
+        b = batches[0]
+        return (b.flow, b.epoch, b.tx_bytes, b.rx_bytes, np.array([0, b.flow.size], np.int64),
+                np.array([b.t0_ns // b.epoch_ns], np.int64))
+    flow = np.concatenate([b.flow for b in batches])
+    epoch = np.concatenate([b.epoch for b in batches])
+    tx = np.concatenate([b.tx_bytes for b in batches])
+    rx = None if any(b.rx_bytes is None for b in batches) else np.concatenate([b.rx_bytes for b in batches])
+    bounds = np.zeros(len(batches) + 1, np.int64)
+    np.cumsum([b.n_rows for b in batches], out=bounds[1:])
+    return flow, epoch, tx, rx, bounds, np.array([b.t0_ns // b.epoch_ns for b in batches], np.int64)
+
+
 def nic_rows(batches: list[EpochBatch], clock: NicClock, burst_rx: int = 0
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """``batch_rows`` of a NIC's consecutive batches at once, sorted by (flow, epoch) with
@@ -98,19 +116,7 @@ def nic_rows(batches: list[EpochBatch], clock: NicClock, burst_rx: int = 0
     pass, not a dozen numpy calls per batch."""
     for b in batches:
         check_epoch(b, clock)
-    if len(batches) == 1:
-        b = batches[0]
-        flow, epoch, tx = b.flow, b.epoch, b.tx_bytes
-        rx = b.rx_bytes
-        bounds = np.array([0, flow.size], np.int64)
-    else:
-        flow = np.concatenate([b.flow for b in batches])
-        epoch = np.concatenate([b.epoch for b in batches])
-        tx = np.concatenate([b.tx_bytes for b in batches])
-        rx = None if any(b.rx_bytes is None for b in batches) else np.concatenate([b.rx_bytes for b in batches])
-        bounds = np.zeros(len(batches) + 1, np.int64)
-        np.cumsum([b.n_rows for b in batches], out=bounds[1:])
-    base = np.array([b.t0_ns // b.epoch_ns for b in batches], np.int64)
+    flow, epoch, tx, rx, bounds, base = concat_batches(batches)
     has_rx = rx is not None and burst_rx > 0
     f, e, t, ordered = _rows_kernel(flow, epoch, tx, rx if rx is not None else tx, has_rx, bounds, base,
                                     burst_rx if has_rx else 0, RX_CAP, RX_SHIFT)

@@ -17,6 +17,7 @@ from pulse.segmentation.association import NO_TIME, FlowKey, OpInfo, OpKey
 from pulse.segmentation.columns import Columns
 from pulse.segmentation.kernel import COMPLETE
 from pulse.segmentation.rows import NicClock
+from pulse.segmentation.stepkern import reduce_slots
 
 from pulse.events import OpEvent
 from pulse.records import OpMetrics
@@ -51,23 +52,32 @@ class SlotTable:
 
     # ---- operator ids -----------------------------------------------------------------
     def new_uid(self, key: OpKey) -> int:
-        if self._free:
-            uid = self._free.pop()
-        else:
-            uid = self.next_uid
-            self.next_uid += 1
-            if uid >= self._total.size:
-                cap = max(64, 2 * self._total.size)
-                for name in ("_total", "_closed"):
-                    old = getattr(self, name)
-                    new = np.zeros(cap, np.int64)
-                    new[: old.size] = old
-                    setattr(self, name, new)
-        self.uid[key] = uid
-        self.ukey[uid] = key
-        self._total[uid] = 0
-        self._closed[uid] = 0
-        return uid
+        return self.new_uids([key])[0]
+
+    def new_uids(self, keys: list[OpKey]) -> list[int]:
+        """Ids for new operators (freed ids first), their counts zeroed."""
+        uids = []
+        for key in keys:
+            if self._free:
+                uid = self._free.pop()
+            else:
+                uid = self.next_uid
+                self.next_uid += 1
+            self.uid[key] = uid
+            self.ukey[uid] = key
+            uids.append(uid)
+        if self.next_uid > self._total.size:
+            cap = max(64, 2 * self._total.size, self.next_uid)
+            for name in ("_total", "_closed"):
+                old = getattr(self, name)
+                new = np.zeros(cap, np.int64)
+                new[: old.size] = old
+                setattr(self, name, new)
+        if uids:
+            ix = np.array(uids, np.int64)
+            self._total[ix] = 0
+            self._closed[ix] = 0
+        return uids
 
     def forget(self, uids: Iterable[int]) -> None:
         for uid in uids:
@@ -96,22 +106,32 @@ class SlotTable:
     # ---- slots --------------------------------------------------------------------------
     def add(self, infos: list[tuple[int, OpInfo]], flow_ids: FlowIds) -> np.ndarray:
         """Append the slots of newly associated operators; returns their flow ids."""
-        pairs = [(uid, f, e) for uid, info in infos for f, e in zip(info.flows, info.expected, strict=True)]
-        if not pairs:
+        if not infos:
             return _EMPTY
-        fids = flow_ids([p[1] for p in pairs])
+        # operators of one shape share their flow list (streaming._info): its ids are
+        # looked up once per call, and the slots are built with array passes, not per pair
+        memo: dict[int, np.ndarray] = {}
+        parts = []
+        for _, info in infos:
+            fids = memo.get(id(info.flows))
+            if fids is None:
+                fids = memo[id(info.flows)] = flow_ids(info.flows)
+            parts.append(fids)
+        fids = np.concatenate(parts)
+        if fids.size == 0:
+            return _EMPTY
+        per = np.array([len(info.flows) for _, info in infos], np.int64)
         s = self.s
-        sl = s.grow(len(pairs))
+        sl = s.grow(fids.size)
         s.fid[sl] = fids
-        s.uid[sl] = [p[0] for p in pairs]
-        s.need[sl] = [p[2] for p in pairs]
-        seq_of = {uid: info.event.seq for uid, info in infos}
-        issue_of = {uid: NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns for uid, info in infos}
-        s.seq[sl] = [seq_of[p[0]] for p in pairs]
-        s.issue[sl] = [issue_of[p[0]] for p in pairs]
+        s.uid[sl] = np.repeat(np.array([uid for uid, _ in infos], np.int64), per)
+        s.need[sl] = [e for _, info in infos for e in info.expected]
+        s.seq[sl] = np.repeat(np.array([info.event.seq for _, info in infos], np.int64), per)
+        s.issue[sl] = np.repeat(np.array([NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns
+                                          for _, info in infos], np.int64), per)
         s.live[sl] = True
-        for uid, info in infos:
-            self._total[uid] += len(info.flows)
+        for (uid, _), n in zip(infos, per.tolist(), strict=True):
+            self._total[uid] += n
         return fids
 
     def rebuild(self, ops: dict[OpKey, OpEvent], info_of: Callable[[OpEvent], OpInfo | None],
@@ -197,37 +217,22 @@ class SlotTable:
         uids = np.array(order, np.int64)
         ix = np.full(int(uids.max()) + 1, -1, np.int64)
         ix[uids] = np.arange(uids.size)
-        mine = s.col("live") & s.col("closed")
-        mine &= ix[np.minimum(s.col("uid"), ix.size - 1)] >= 0
-        mine &= s.col("uid") < ix.size
-        rows = np.flatnonzero(mine)
-        g = ix[s.uid[rows]]
         n = uids.size
-        began = s.start[rows] >= 0
         big = np.int64(1) << 62
-        start = np.full(n, big, np.int64)
-        np.minimum.at(start, g[began], s.start[rows][began])
-        end = np.full(n, -big, np.int64)
-        np.maximum.at(end, g[began], s.end[rows][began])
-        vol = np.zeros(n, np.int64)
-        np.add.at(vol, g, s.vol[rows])
-        grant = np.full(n, big, np.int64)
-        granted = s.grant[rows] >= 0
-        np.minimum.at(grant, g[granted], s.grant[rows][granted])
-        bad = np.zeros(n, np.int64)
-        np.add.at(bad, g, (s.status[rows] != COMPLETE).astype(np.int64))
         pu, _, pe = self.pool
-        inp = np.zeros(pu.size, bool)
-        inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
-        act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
-        out = []
-        keys = []
+        start, end, vol, grant, bad, act = reduce_slots(
+            ix, s.col("uid"), s.col("live"), s.col("closed"), s.col("start"), s.col("end"), s.col("vol"),
+            s.col("grant"), s.col("status"), pu, pe, n, COMPLETE)
+        if act is None:
+            inp = np.zeros(pu.size, bool)
+            inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
+            act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
         # Python ints from here: numpy scalar arithmetic per record cost more than the record
         start_l, end_l, vol_l, bad_l, act_l, grant_l = (a.tolist() for a in (start, end, vol, bad, act, grant))
-        for i, uid in enumerate(order):
-            out.append(_metrics.build_from(self.info[uid], clock, start_l[i] if start_l[i] != big else -1,
-                                           end_l[i], vol_l[i], bad_l[i] == 0, act_l[i],
-                                           grant_l[i] if grant_l[i] != big else -1))
-            keys.append(self.ukey[uid])
+        out = _metrics.build_many([self.info[uid] for uid in order], clock,
+                                  [x if x != big else -1 for x in start_l], end_l, vol_l, [b == 0 for b in bad_l],
+                                  act_l, [x if x != big else -1 for x in grant_l])
+        ukey = self.ukey
+        keys = [ukey[uid] for uid in order]
         self.drop(uids)
         return out, keys

@@ -29,13 +29,15 @@ import numpy as np
 from pulse.segmentation.association import FlowKey, OpInfo, OpKey, RankFiller, _op_info, associate
 from pulse.segmentation.batchorder import LOW, NicOrder
 from pulse.segmentation.flows import RECV, SEND, UNBOUND, FlowTable
+from pulse.segmentation.frontier import Frontiers
 from pulse.segmentation.gather import active_epochs, gather
 from pulse.segmentation.ingest import _ingest_kernel
-from pulse.segmentation.kernel import FAR, OPEN, TX_MASK, run_kernel, volume_bounds
+from pulse.segmentation.kernel import FAR, OPEN, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, batch_rows, check_epoch, nic_rows
 from pulse.segmentation.rowstore import merge_rows
 from pulse.segmentation.slots import SlotTable
+from pulse.segmentation.stepkern import reduce_slots, select_slots, trim_rows
 from pulse.segmentation.streamstats import StreamStats
 
 from pulse.events import CommEvent, FlowEvent, OpEvent
@@ -60,11 +62,7 @@ class NodeSegmenter:
         """Holds ops without a rank until a comm event names it (sources joined mid-run)."""
         self._flow_events: dict[FlowKey, FlowEvent] = {}
         self._ops: dict[OpKey, OpEvent] = {}
-        self._frontier: dict[tuple[str, int], int] = {}
-        self._ahead: dict[tuple[str, int], set[int]] = {}
-        self._hole_since: dict[tuple[str, int], int] = {}
-        """Per (comm, rank) with a hole before its frontier: the issue time of the first op
-        event that arrived after the hole (the rank's clock)."""
+        self._front = Frontiers(self.params.late_batches, self.params.op_hole_ns, self.stats)
         self._new_ops: list[OpEvent] = []
         self._nics: dict[str, NicOrder] = {}
         self._clock: NicClock | None = None
@@ -72,9 +70,6 @@ class NodeSegmenter:
         """(ranks, comms) of the association for the current comm/flow bindings; None
         when a binding changed and it must be recomputed."""
         self._senders: set[tuple[str, int]] = set()
-        # (comm, rank) ids and their op frontier (ops with seq >= it are not used yet)
-        self._cr_ix: dict[tuple[str, int], int] = {}
-        self._cr_front = np.zeros(0, np.int64)
         self._flows = FlowTable(node, self.params, self.stats, self._flow_state)
         self._slots = SlotTable()
         self._wm_run: dict[str, int] = {}
@@ -83,22 +78,11 @@ class NodeSegmenter:
         same few shapes every step, and associating each op event alone cost ~10 µs."""
 
     # ---- ids ------------------------------------------------------------------------------
-    def _cr_index(self, cr: tuple[str, int]) -> int:
-        ix = self._cr_ix.get(cr)
-        if ix is None:
-            ix = self._cr_ix[cr] = len(self._cr_ix)
-            if ix >= self._cr_front.size:
-                grown = np.zeros(max(64, 2 * self._cr_front.size), np.int64)
-                grown[: self._cr_front.size] = self._cr_front
-                self._cr_front = grown
-            self._cr_front[ix] = self._frontier.get(cr, 0)
-        return ix
-
     def _flow_state(self, key: FlowKey) -> tuple[int, int]:
         fe = self._flow_events.get(key)
         if fe is None or not fe.bound or fe.direction is None:
             return UNBOUND, -1
-        cr = self._cr_index((fe.comm_id or "", fe.rank or 0))
+        cr = self._front.index((fe.comm_id or "", fe.rank or 0))
         return (SEND if fe.direction == "send" else RECV), cr
 
     # ---- hook events -------------------------------------------------------------------
@@ -140,7 +124,8 @@ class NodeSegmenter:
         else:
             self._add_new_ops()
             if moved:
-                crs = np.array([self._cr_ix[cr] for cr in moved if cr in self._cr_ix], np.int64)
+                ix = self._front.ix
+                crs = np.array([ix[cr] for cr in moved if cr in ix], np.int64)
                 if crs.size:
                     f = self._flows.f
                     f.dirty[: f.n] |= np.isin(f.col("cr"), crs)
@@ -160,22 +145,20 @@ class NodeSegmenter:
         if ev.rank is None:
             return False  # the rank filler releases it once its rank is named
         cr = (ev.comm_id, ev.rank)
-        front = self._frontier.get(cr)
+        front = self._front.front.get(cr)
         if front is None:
             # A stream that starts near seq 0 may start out of order: wait for seq 0.
             front = 0 if ev.seq <= self.params.late_batches else ev.seq
-            self._set_front(cr, front)
-        if ev.seq < front and (ev.comm_id, ev.rank, ev.seq) not in self._ops:
-            self.stats.late_ops += 1
-            return False
+            self._front.set(cr, front)
         key = (ev.comm_id, ev.rank, ev.seq)
         if key in self._ops:
             return False
+        if ev.seq < front:
+            self.stats.late_ops += 1
+            return False
         self._ops[key] = ev
         self._new_ops.append(ev)
-        before = self._frontier[cr]
-        self._advance_frontier(cr, ev.seq, ev.t_host_ns)
-        if self._frontier[cr] != before:
+        if self._front.advance(cr, ev.seq, ev.t_host_ns):
             moved.add(cr)
         if len(self._ops) > self.params.max_pending_ops:
             oldest = min(self._ops, key=lambda k: (self._ops[k].t_host_ns or 0, k))
@@ -186,54 +169,25 @@ class NodeSegmenter:
             self.stats.evicted_ops += 1
         return True
 
-    def _set_front(self, cr: tuple[str, int], front: int) -> None:
-        self._frontier[cr] = front
-        ix = self._cr_ix.get(cr)
-        if ix is not None:
-            self._cr_front[ix] = front
-
-    def _advance_frontier(self, cr: tuple[str, int], seq: int, t_host_ns: int | None = None) -> None:
-        front = self._frontier[cr]
-        ahead = self._ahead.setdefault(cr, set())
-        if seq >= front:
-            ahead.add(seq)
-        while front in ahead:
-            ahead.discard(front)
-            front += 1
-        waited = False
-        if ahead and t_host_ns is not None:
-            since = self._hole_since.setdefault(cr, t_host_ns)
-            waited = t_host_ns - since > self.params.op_hole_ns
-        if not ahead:
-            self._hole_since.pop(cr, None)
-        if len(ahead) > self.params.late_batches or waited:
-            # The descriptor of seq ``front`` is not coming: skip the hole.
-            nxt = min(ahead)
-            self.stats.lost_ops += nxt - front
-            front = nxt
-            while front in ahead:
-                ahead.discard(front)
-                front += 1
-            self._hole_since.pop(cr, None)
-        self._set_front(cr, front)
-
     def _add_new_ops(self) -> None:
         assert self._ctx is not None
-        infos = []
+        keys, found = [], []
+        ops, known = self._ops, self._slots.uid
         for op in sorted(self._new_ops, key=lambda o: (o.comm_id, o.rank, o.seq)):
             key = (op.comm_id, op.rank, op.seq)
-            if key not in self._ops or key in self._slots.uid:
+            if key not in ops or key in known:
                 continue
             info = self._info(op)
             if info is None:
                 if (op.comm_id, op.rank) in self._senders:
-                    del self._ops[key]  # not an operator for Pulse on this rank (e.g. Recv)
+                    del ops[key]  # not an operator for Pulse on this rank (e.g. Recv)
                 continue
-            uid = self._slots.new_uid(key)
-            self._slots.info[uid] = info
-            infos.append((uid, info))
+            keys.append(key)
+            found.append(info)
         self._new_ops = []
-        self._flows.f.dirty[self._slots.add(infos, self._flows.ids)] = True
+        uids = self._slots.new_uids(keys)
+        self._slots.info.update(zip(uids, found, strict=True))
+        self._flows.f.dirty[self._slots.add(list(zip(uids, found, strict=True)), self._flows.ids)] = True
 
     def _info(self, op: OpEvent) -> OpInfo | None:
         """``_op_info`` of ``op`` under the current bindings, memoised by everything it
@@ -251,8 +205,12 @@ class NodeSegmenter:
         info = hit[0]
         if info is None:
             return None
-        return OpInfo(event=op, algo=info.algo, nranks=info.nranks, flows=info.flows, expected=info.expected,
-                      ambiguous=info.ambiguous)
+        # the shape's info with this event: a dict copy, cheaper than the dataclass __init__
+        out = object.__new__(OpInfo)
+        d = out.__dict__
+        d.update(info.__dict__)
+        d["event"] = op
+        return out
 
     def _rebuild(self) -> None:
         """A comm/flow binding changed: recompute the association of every pending op,
@@ -307,19 +265,25 @@ class NodeSegmenter:
 
     def _ingest_ready(self) -> None:
         """Buffer the rows of every batch released in order since the last run, all
-        batches of a NIC in one pass (the same rows as one pass per batch)."""
+        batches of all NICs in one pass (the same rows as one pass per batch)."""
+        ready: list[tuple[str, NicOrder, list[EpochBatch]]] = []
         for name, nic in self._nics.items():
-            if not nic.ready:
-                continue
-            batches, nic.ready = nic.ready, []
-            for b in batches:
-                check_epoch(b, nic.clock)
+            if nic.ready:
+                ready.append((name, nic, nic.ready))
+                nic.ready = []
+                for b in ready[-1][2]:
+                    check_epoch(b, nic.clock)
+        if not ready:
+            return
+        fast = self._flows.ingest_fast([(name, batches) for name, _, batches in ready], self.params.burst_rx)
+        if fast is not None:
+            self.stats.rows += fast[0]
+            for name, nic, batches in ready:
+                base = max(b.t0_ns // b.epoch_ns for b in batches)
+                nic.wm = max(nic.wm, int(base), fast[1][name] + 1)
+            return
+        for name, nic, batches in ready:
             base = max(b.t0_ns // b.epoch_ns for b in batches)
-            fast = self._flows.ingest_fast(name, batches, self.params.burst_rx)
-            if fast is not None:
-                self.stats.rows += fast[0]
-                nic.wm = max(nic.wm, int(base), fast[1] + 1)
-                continue
             f, e, t, kept = nic_rows(batches, nic.clock, self.params.burst_rx)
             self.stats.rows += kept
             nic.wm = max(nic.wm, int(base), int(e.max()) + 1 if e.size else int(base))
@@ -338,8 +302,7 @@ class NodeSegmenter:
         with the bytes seen) and return the remaining metrics."""
         for nic in self._nics.values():
             nic.release(self.params.late_batches, self.stats, force=True)
-        for cr in list(self._frontier):
-            self._set_front(cr, 1 << 62)
+        self._front.release_all()
         # Descriptors not associated yet (only possible after a binding change) are;
         # otherwise the slot table already is what a full re-association would give.
         if self._ctx is not None and self._new_ops:
@@ -381,42 +344,25 @@ class NodeSegmenter:
         fids = np.flatnonzero(run)
         if fids.size == 0:
             return []
-        # flows in (nic, id) order: each NIC's rows are one contiguous gather from its store
-        fids = fids[np.lexsort((fids, fl.nic[fids]))]
+        # flows in id order: their rows are one gather from the node's (flow id, epoch)-sorted store
         nics = fl.nic[fids]
         runpos = np.full(fl.n, -1, np.int64)
         runpos[fids] = np.arange(fids.size)
         counts = fl.nrows[fids]
         row_ptr = np.zeros(fids.size + 1, np.int64)
         np.cumsum(counts, out=row_ptr[1:])
-        nic_list = np.unique(nics).tolist()
-        lo = np.zeros(fids.size, np.int64)
-        ep_parts, by_parts = [], []
-        for nix in nic_list:
-            sel = np.flatnonzero(nics == nix)
-            sf, se, sb = self._flows.store[nix]
-            lo[sel] = np.searchsorted(sf, fids[sel])
-            if counts[sel].sum() == sf.size:
-                ep_parts.append(se)
-                by_parts.append(sb)
-            else:
-                idx = gather(lo[sel], counts[sel])
-                ep_parts.append(se[idx])
-                by_parts.append(sb[idx])
-        ep = np.concatenate(ep_parts) if len(ep_parts) > 1 else (ep_parts[0] if ep_parts else _EMPTY)
-        by = np.concatenate(by_parts) if len(by_parts) > 1 else (by_parts[0] if by_parts else _EMPTY)
+        sf, se, sb = self._flows.store
+        lo = np.searchsorted(sf, fids)
+        if int(row_ptr[-1]) == sf.size:
+            ep, by = se, sb
+        else:
+            idx = gather(lo, counts)
+            ep, by = se[idx], sb[idx]
         # operator slots of the run: open, at/after the flow's next seq, below the frontier
-        sfid = s.col("fid")
-        rp = runpos[sfid]
-        cand = s.col("live") & ~s.col("closed") & (rp >= 0)
-        cand &= s.col("seq") >= fl.next[sfid]
-        cand &= s.col("seq") < self._cr_front[np.maximum(fl.cr[sfid], 0)]
-        sidx = np.flatnonzero(cand)
-        sidx = sidx[np.lexsort((s.seq[sidx], rp[sidx]))]
+        sidx, op_ptr = select_slots(s.col("fid"), s.col("live"), s.col("closed"), s.col("seq"), runpos, fl.next,
+                                    fl.cr, self._front.array, fids.size)
         seqs = s.seq[sidx]
         need = s.need[sidx]
-        op_ptr = np.zeros(fids.size + 1, np.int64)
-        np.cumsum(np.bincount(rp[sidx], minlength=fids.size), out=op_ptr[1:])
         thr, slack = volume_bounds(need, self.params.rel_tolerance, self.params.abs_tolerance)
         wm = np.full(fids.size, FAR, np.int64) if final else nic_wm[nics]
         clock = self._clock or NicClock(DEFAULT_EPOCH_NS, 0)
@@ -439,42 +385,9 @@ class NodeSegmenter:
             sr = slot_run[started]
             rep, act_ep = active_epochs(ep, by, counts, sr, out.start[started], out.end[started])
             self._slots.pool_epochs(s.uid[sidx[started]][rep], fids[sr][rep], act_ep)
-        # per flow: next seq, resume row, carry
-        k0, k1 = op_ptr[:-1], op_ptr[1:]
-        nxt = out.next_op
-        has_open = nxt < k1
-        if seqs.size:
-            nseq = np.where(has_open, seqs[np.minimum(nxt, seqs.size - 1)],
-                            seqs[np.maximum(k1 - 1, 0)] + 1)
-            upd = has_open | (k1 > k0)
-            fl.next[fids[upd]] = nseq[upd]
-        c = out.consumed - row_ptr[:-1]
-        carry = out.carry
-        for nix in nic_list:
-            sel = np.flatnonzero(nics == nix)
-            cn, cc, lo_n = counts[sel], c[sel], lo[sel]
-            ch = cc > 0
-            if not ch.any() and not (carry[sel] >= 0).any():
-                continue
-            f_sel = fids[sel]
-            base_rows = row_ptr[sel]
-            # floor: the first row kept (or one past the last when all were consumed)
-            rest = cc < cn
-            fl.floor[f_sel[ch & rest]] = ep[base_rows[ch & rest] + cc[ch & rest]]
-            alld = ch & ~rest
-            fl.floor[f_sel[alld]] = ep[base_rows[alld] + cn[alld] - 1] + 1
-            sf, se, sb = self._flows.store[nix]
-            cy = (carry[sel] >= 0) & rest
-            if cy.any():
-                sb = sb.copy()
-                at = lo_n[cy] + cc[cy]
-                sb[at] = carry[sel][cy] | (sb[at] & ~TX_MASK)  # keep the row's rx bits
-                fl.floor[f_sel[cy]] = se[lo_n[cy] + cc[cy]]
-            if ch.any():
-                drop = np.zeros(sf.size, bool)
-                drop[gather(lo_n[ch], cc[ch])] = True
-                sf, se, sb = sf[~drop], se[~drop], sb[~drop]
-            self._flows.set_store(nix, (sf, se, sb), f_sel)
+        # per flow: next seq, rows consumed, carry, floor
+        self._flows.store = trim_rows(fids, row_ptr, lo, out.consumed, out.carry, out.next_op, op_ptr, seqs, ep,
+                                      (sf, se, sb), fl.floor, fl.next, fl.nrows)
         fl.dirty[fids] = False
         fl.wm_seen[fids] = wm
         if cuid.size == 0:
@@ -498,8 +411,13 @@ def warm_up() -> None:
         run_kernel(ptr, one, one, ptr, one, thr, slack, gap=3, stall=10, merge=5, watermark=one,
                    final=final, carry_in=None, earliest=one)
     merge_rows((one, one, one), (one, one + 1, one))
+    yes = np.ones(1, bool)
+    _, op_ptr = select_slots(_EMPTY, ~yes, yes, _EMPTY, one, one, one, one, 1)
+    trim_rows(_EMPTY, np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY, _EMPTY, op_ptr, _EMPTY, _EMPTY,
+              (_EMPTY, _EMPTY, _EMPTY), one.copy(), one.copy(), one.copy())
+    reduce_slots(one, one, yes, yes, one, one, one, one, np.ones(1, np.int8), one, one, 1, 1)
     u32 = np.ones(1, np.uint32)
     for has_rx in (False, True):  # the types decoded batches bring
-        _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, 512 if has_rx else 0, one, one,
+        _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, np.zeros(1, np.int64), 512 if has_rx else 0, one, one, ptr,
                        np.ones(2, np.int8), np.zeros(2, np.int64), np.zeros(2, bool), np.zeros(2, bool),
                        np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY)

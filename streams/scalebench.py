@@ -21,8 +21,12 @@ over the same epoch rows, as rows/s, and the segmentation's rows/s as a ratio to
 
 from __future__ import annotations
 
+import cProfile
 import dataclasses
+import gc
+import io
 import math
+import pstats
 import sys
 import tempfile
 import time
@@ -143,8 +147,10 @@ def _chunks(messages: list[Message], chunk_ns: int) -> list[list[Message]]:
     return chunks
 
 
-def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dict[str, Any]:
-    """Stream a trace through the stages in process and measure each (see the module)."""
+def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True, profile: int = 0) -> dict[str, Any]:
+    """Stream a trace through the stages in process and measure each (see the module).
+    ``profile`` > 0: cProfile the segmentation stage alone and print its top functions
+    (stderr), by own time and by cumulative time."""
     from pulse.engine.job import Localizers
     from pulse.engine.segment_stage import SegmentStage
 
@@ -152,6 +158,12 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
 
     reader = TraceReader(trace_dir)
     messages, prod = stream_messages(reader, reference=True)
+    # The input (every message of the trace, held here as the broker would hold it) is
+    # moved out of the garbage collector's sight: otherwise each full collection scans
+    # it, and that time is charged to whichever stage allocated last (in the pipeline the
+    # messages are in Kafka, not in the worker's heap).
+    gc.collect()
+    gc.freeze()
     seg = SegmentStage()
     loc = Localizers()
     cpu = dict.fromkeys(("hook_decode", "batch_decode", "segment", "localize"), 0.0)
@@ -161,6 +173,7 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
     edge_bytes = edge_raw = 0
     verdicts = []
     cols: list[np.ndarray] = []
+    prof = cProfile.Profile() if profile else None
 
     def route(out: Any) -> None:
         nonlocal n_metrics, edge_bytes, edge_raw
@@ -205,21 +218,35 @@ def measure_trace(trace_dir: str | Path, *, gpus: int, edge: bool = True) -> dic
                 cols.append(b.tx_bytes)
                 cols.append(b.epoch)
                 cols.append(b.flow)
+        chunk_prof = prof if chunk[0].t_ns != SETUP_T else None  # as the figures: setup apart
+        if chunk_prof is not None:
+            chunk_prof.enable()
         c0 = time.process_time()
         out = seg.add(evs, bts)
         cpu["segment"] += time.process_time() - c0
+        if chunk_prof is not None:
+            chunk_prof.disable()
         route(out)
         if chunk[0].t_ns == SETUP_T:
             setup_cpu = {k: cpu[k] - before[k] for k in cpu}
             cpu = before
+    if prof is not None:
+        prof.enable()
     c0 = time.process_time()
     out = seg.finish()
     cpu["segment"] += time.process_time() - c0
+    if prof is not None:
+        prof.disable()
+        buf = io.StringIO()
+        for key in ("tottime", "cumulative"):
+            pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(profile)
+        print(f"segmentation profile ({gpus} GPUs; CPU times under the profiler):\n{buf.getvalue()}", file=sys.stderr)
     route(out)
     c0 = time.process_time()
     verdicts.extend(loc.finish().verdicts)
     cpu["localize"] += time.process_time() - c0
 
+    gc.unfreeze()
     trace_s = max((t_hi - t_lo) / 1e9, 1e-9)
     sample_bytes = sum(_zstd(m.value) for m in messages if m.topic == "samples")
     sample_raw = sum(len(m.value) for m in messages if m.topic == "samples")
@@ -284,7 +311,8 @@ def simulate_job(gpus: int, steps: int, out: Path, seed: int = 1) -> None:
     simulate(SimConfig(scenario="healthy", seed=seed, nodes=nodes, steps=steps), out)
 
 
-def measure_size(gpus: int, steps: int, workdir: Path, trace: Path | None = None) -> dict[str, Any]:
+def measure_size(gpus: int, steps: int, workdir: Path, trace: Path | None = None, profile: int = 0
+                 ) -> dict[str, Any]:
     if trace is None:
         trace = workdir / f"healthy-{gpus}"
         w0 = time.perf_counter()
@@ -292,7 +320,7 @@ def measure_size(gpus: int, steps: int, workdir: Path, trace: Path | None = None
         sim_s = time.perf_counter() - w0
     else:
         sim_s = 0.0
-    row = measure_trace(trace, gpus=gpus)
+    row = measure_trace(trace, gpus=gpus, profile=profile)
     row["steps"] = steps
     row["sim_wall_s"] = round(sim_s, 2)
     return row
@@ -318,8 +346,11 @@ def _sizes(text: str) -> list[int]:
               help="Training steps simulated per size.")
 @click.option("--trace", "trace", type=InDir(), default=None,
               help="Measure this trace directory instead of simulating (one size: --gpus N).")
+@click.option("--profile", type=count(0, 200), default=0,
+              help="Print cProfile's top N functions of the segmentation stage (stderr; its figures then "
+                   "include the profiler's overhead).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON on stdout.")
-def bench_scale(gpus_text: str, steps: int, trace: str | None, as_json: bool) -> None:
+def bench_scale(gpus_text: str, steps: int, trace: str | None, profile: int, as_json: bool) -> None:
     """Per-stage CPU per second of traffic, GPUs per core and Kafka bytes per GPU-second."""
     sizes = _sizes(gpus_text)
     if trace is not None and len(sizes) != 1:
@@ -331,7 +362,7 @@ def bench_scale(gpus_text: str, steps: int, trace: str | None, as_json: bool) ->
     with tempfile.TemporaryDirectory(prefix="pulse-bench-scale-") as tmp:
         for g in sizes:
             print(f"scale: {g} GPUs ...", file=sys.stderr)
-            row = measure_size(g, steps, Path(tmp), Path(trace) if trace else None)
+            row = measure_size(g, steps, Path(tmp), Path(trace) if trace else None, profile)
             rows.append(row)
             print(f"  {g} GPUs, {row['trace_s']:.2f} s of traffic: segmentation {row['segment_cpu_per_s']:.3f} "
                   f"core/s ({row['segment_gpus_per_core']:.0f} GPUs per core; {row['segment_ratio_to_numpy_pass']:.4f} "

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pulse.segmentation.batch import segment_trace
+from pulse.segmentation.metrics import union_count
 from pulse.segmentation.params import SegmentationError
 from segbuilder import EPOCH_NS, TraceBuilder
 
@@ -84,3 +88,16 @@ def test_params_are_checked():
         SegmentParams(gap_epochs=0)
     with pytest.raises(SegmentationError, match="params"):
         segment_trace([], [], params={"gap_epochs": 3})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0, 1, 2, 7, 1 << 20, (1 << 41) + 3])), max_size=40),
+       st.integers(0, 3))
+def test_union_count_equals_reference(pairs, extra_ops):
+    """Distinct epochs per operator id (both the one-key sort and the lexsort fallback,
+    which epochs spanning 2^41 take)."""
+    n = 6 + extra_ops
+    want = [len({e for r, e in pairs if r == i}) for i in range(n)]
+    ids = np.array([p[0] for p in pairs], np.int64)
+    eps = np.array([p[1] for p in pairs], np.int64)
+    assert union_count(ids, eps, n).tolist() == want

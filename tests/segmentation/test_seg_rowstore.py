@@ -40,3 +40,15 @@ def test_trusted_records_equal_validated_ones():
         assert again == m and OpMetrics(**{f.name: getattr(m, f.name) for f in OpMetrics.FIELDS}) == m
         assert [type(getattr(again, f.name)) for f in OpMetrics.FIELDS] == \
             [type(getattr(m, f.name)) for f in OpMetrics.FIELDS]
+
+
+def test_built_records_set_every_field():
+    """metrics.build_many fills the record's __dict__ itself: every OpMetrics field, no
+    other (a field added to OpMetrics later must be added there too)."""
+    import dataclasses
+
+    tb = random_trace(3)
+    got = segment_trace(tb.batches(window=5), tb.events)
+    assert got
+    names = {f.name for f in dataclasses.fields(OpMetrics)}
+    assert all(set(vars(m)) == names for m in got)
