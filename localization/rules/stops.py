@@ -75,13 +75,24 @@ def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
 
 def alive_after(ev: Evidence, p: LocalizeParams, node: str, first: list[Finding]) -> int:
     """Points at which ``node``'s NICs on the stalled links moved bytes in another
-    communicator after the first stall's last progress (plus the clock-offset margin)."""
-    eps = {f.endpoint for f in first if f.node == node}
-    eps |= {e for f in first for e in f.peer_eps if node_of(e) == node}
+    communicator after the stalls' last progress. A stalled record of ``node``'s own is on
+    its clock, as its NIC's points are: after its last byte, with no margin. A stall of
+    another node's send into ``node`` is on the sender's clock: the clock-skew bound on top
+    (sweep 23 #2: a pipeline send stalled at zero into a dead NIC, the sender's NIC moving
+    another communicator's bytes 0.2 and 3.5 ms after it on its own clock, then the job
+    hung; with the 10 ms bound on every comparison, nothing told the ends apart and the
+    sender was named as "the node that sent the least")."""
+    since: dict[str, int] = {}
+    for f in first:
+        if f.node == node:
+            since[f.endpoint] = min(since.get(f.endpoint, f.end_ns), f.end_ns)
+        for e in f.peer_eps:
+            if node_of(e) == node:
+                t = f.end_ns + p.rail_alive_margin_ns
+                since[e] = min(since.get(e, t), t)
     comms = {f.comm_id for f in first}
-    lo = min(f.end_ns for f in first) + p.rail_alive_margin_ns
     n = 0
-    for ep in eps:
+    for ep, lo in since.items():
         ts, cs = ev.alive.points(ep)
         for i in range(bisect.bisect_right(ts, lo), len(ts)):
             n += cs[i] not in comms
@@ -125,6 +136,16 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     # the operators that stall afterwards (peers no longer posting receives, whole
     # pipeline stages waiting) implicate the victims. "First" spans stall_first_ns,
     # well above the clock offset, so no decision hangs on sub-offset timing.
+    # A collective stalled because a member never issued it (absent) waits for that member:
+    # whatever keeps it away stopped it, not its own links (sweep 23 #2: a dead NIC's node
+    # waiting in a pipeline receive, absent from its stage's tree AllReduce, whose 96
+    # stalled records named a tree relay). When operators everyone started stalled too,
+    # those say where the traffic stopped; otherwise the waiting ones are read (the tie
+    # below then names the absent end).
+    absent_ops = {(f.comm_id, f.seq) for f in ev.stops.absent}
+    started = [f for f in stalls if (f.comm_id, f.seq) not in absent_ops]
+    if started and len(started) < len(stalls):
+        stalls = started
     t0 = min(f.end_ns for f in stalls)
     first = [f for f in stalls if f.end_ns <= t0 + p.stall_first_ns]
     sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
