@@ -78,6 +78,9 @@ class References:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self._refs: dict[tuple[str, int, int], RollingRef] = defaultdict(lambda: RollingRef(p.ref_size))
+        self._base: dict[tuple[str, int, int], list[float]] = {}
+        self._base_ops: dict[tuple[str, int, int], Counter[str]] = defaultdict(Counter)
+        self._stretch: dict[tuple[str, int, int], float] = {}
 
     @staticmethod
     def shape(r: OpMetrics) -> tuple[str, int, int]:
@@ -90,11 +93,33 @@ class References:
             return None
         return ref.percentile(self.p.ref_percentile_grouped if r.kind == GROUPED else self.p.ref_percentile)
 
+    def stretch(self, r: OpMetrics) -> float | None:
+        """How far above its reference percentile a healthy record of ``r``'s shape went:
+        the longest ACT of the first ``ref_base_ops`` complete operators of each of the
+        shape's communicators (a couple of steps of each: one step's buckets have the same
+        ranks in the same places) over their own reference percentile (None until they are
+        in, and for GroupP2P)."""
+        return self._stretch.get(self.shape(r))
+
     def add(self, ordered: list[OpMetrics]) -> None:
         """A complete operator's records join its shape's sample."""
         grouped = ordered[0].kind == GROUPED
-        self._refs[self.shape(ordered[0])].extend(
-            np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64))
+        shape = self.shape(ordered[0])
+        vals = np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64)
+        self._refs[shape].extend(vals)
+        if grouped or shape in self._stretch or not vals.size:
+            return
+        ops = self._base_ops[shape]
+        comm = ordered[0].comm_id
+        if ops[comm] >= self.p.ref_base_ops:
+            return
+        base = self._base.setdefault(shape, [])
+        base.extend(vals.tolist())
+        ops[comm] += 1
+        if min(ops.values()) >= self.p.ref_base_ops:
+            ref = float(np.percentile(base, self.p.ref_percentile))
+            self._stretch[shape] = max(base) / ref if ref > 0 else 1.0
+            del self._base[shape], self._base_ops[shape]
 
 
 class LinkWindows:
