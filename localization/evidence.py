@@ -428,9 +428,13 @@ class AlivePoints:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self._points: dict[str, tuple[list[int], list[str]]] = {}
+        self.kind_of: dict[str, str] = {}
+        """comm -> the kind of its last operator with points (bounded by the communicators)."""
 
     def note(self, m: OpMetrics) -> None:
         times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
+        if times:
+            self.kind_of[m.comm_id] = m.kind
         if m.granted_ns is not None:
             times.append(m.granted_ns)
         for nic in (m.nics or ()) if times else ():
@@ -446,6 +450,24 @@ class AlivePoints:
     def points(self, ep: str) -> tuple[list[int], list[str]]:
         """(times, comms) of ``ep``, sorted by time (empty lists when never seen)."""
         return self._points.get(ep, ([], []))
+
+    def shared(self, f: Finding) -> bool:
+        """Whether ``f``'s NIC moved bytes of another kind of operator while ``f``'s record
+        was on the wire (a record of it began or ended strictly inside, on the same node's
+        clock). The reference of a shape is the pace of its records with the NIC as they
+        usually have it; a record that shared its NIC with an all-to-all, say, moved its
+        bytes at a share of the NIC and says nothing of its capacity (sweep 23 #6: a
+        pipeline send at 2.5x its reference, on every NIC of one node, each time the node's
+        all-to-all ran on the same NICs; named host-contention before the fault began).
+        Only ACT findings: bytes resent are the network's whoever shares the NIC."""
+        kind = self.kind_of.get(f.comm_id)
+        ts, cs = self._points.get(f.endpoint, ([], []))
+        if kind is None or not ts or f.metric != "act_ns":
+            return False
+        for i in range(bisect.bisect_right(ts, f.start_ns), bisect.bisect_left(ts, f.end_ns)):
+            if cs[i] != f.comm_id and self.kind_of.get(cs[i], kind) != kind:
+                return True
+        return False
 
 
 class Evidence:
