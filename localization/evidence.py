@@ -428,16 +428,16 @@ class AlivePoints:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self._points: dict[str, tuple[list[int], list[str]]] = {}
-        self.kind_of: dict[str, str] = {}
-        """comm -> the kind of its last operator with points (bounded by the communicators)."""
+        self._spans: dict[str, list[tuple[int, int, str, str, float]]] = {}
+        """NIC -> recent records on it, sorted by start: (start, end, comm, kind, bytes)."""
+        self._longest: dict[str, int] = {}
 
     def note(self, m: OpMetrics) -> None:
         times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
-        if times:
-            self.kind_of[m.comm_id] = m.kind
         if m.granted_ns is not None:
             times.append(m.granted_ns)
-        for nic in (m.nics or ()) if times else ():
+        nics = (m.nics or ()) if times else ()
+        for nic in nics:
             ep = nic if "/" in nic else f"{m.node}/{nic}"
             ts, cs = self._points.setdefault(ep, ([], []))
             for t in times:
@@ -446,28 +446,45 @@ class AlivePoints:
                 cs.insert(i, m.comm_id)
             if len(ts) > self.p.alive_max:
                 del ts[:self.p.alive_drop], cs[:self.p.alive_drop]
+            if m.volume_bytes > 0:
+                spans = self._spans.setdefault(ep, [])
+                span = (m.start_ns, m.end_ns, m.comm_id, m.kind, m.volume_bytes / len(nics))
+                spans.insert(bisect.bisect_right(spans, span), span)
+                self._longest[ep] = max(self._longest.get(ep, 0), m.end_ns - m.start_ns)
+                if len(spans) > self.p.alive_max:
+                    del spans[:self.p.alive_drop]
+
+    def shared(self, f: Finding) -> bool:
+        """Whether ``f``'s slowness is the share of its NIC that another kind of operator
+        took meanwhile: the bytes those records moved while ``f``'s record was on the wire
+        (pro rata of their own spans, on the same node's clock) at least the bytes ``f``'s
+        record would have moved in its extra active time at its own pace, volume x
+        (1 - reference / ACT). The reference of a shape is the pace of its records with the
+        NIC as they usually have it (twins of the same kind included); a pipeline send
+        sharing its NIC with the node's all-to-all moves its bytes at a share of it (sweep
+        23 #6: pipeline sends at 2-2.6x their reference on every NIC of one node, each time
+        the node's all-to-all ran on the same NICs, named host-contention before the fault
+        began), while a short send inside a long collective leaves it slow. Only ACT
+        findings: bytes resent are the network's whoever shares the NIC."""
+        if f.metric != "act_ns" or f.value <= f.peers:
+            return False
+        spans = self._spans.get(f.endpoint)
+        if not spans:
+            return False
+        lo = bisect.bisect_left(spans, (f.start_ns - self._longest.get(f.endpoint, 0),))
+        hi = bisect.bisect_left(spans, (f.end_ns,))
+        own = next((sp for sp in spans[lo:hi] if sp[2] == f.comm_id and sp[0] == f.start_ns), None)
+        if own is None:
+            return False
+        other = 0.0
+        for st, en, comm, kind, vol in spans[lo:hi]:
+            if comm != f.comm_id and kind != own[3] and en > f.start_ns:
+                other += vol * (min(en, f.end_ns) - max(st, f.start_ns)) / max(en - st, 1)
+        return other >= own[4] * (1.0 - f.peers / f.value)
 
     def points(self, ep: str) -> tuple[list[int], list[str]]:
         """(times, comms) of ``ep``, sorted by time (empty lists when never seen)."""
         return self._points.get(ep, ([], []))
-
-    def shared(self, f: Finding) -> bool:
-        """Whether ``f``'s NIC moved bytes of another kind of operator while ``f``'s record
-        was on the wire (a record of it began or ended strictly inside, on the same node's
-        clock). The reference of a shape is the pace of its records with the NIC as they
-        usually have it; a record that shared its NIC with an all-to-all, say, moved its
-        bytes at a share of the NIC and says nothing of its capacity (sweep 23 #6: a
-        pipeline send at 2.5x its reference, on every NIC of one node, each time the node's
-        all-to-all ran on the same NICs; named host-contention before the fault began).
-        Only ACT findings: bytes resent are the network's whoever shares the NIC."""
-        kind = self.kind_of.get(f.comm_id)
-        ts, cs = self._points.get(f.endpoint, ([], []))
-        if kind is None or not ts or f.metric != "act_ns":
-            return False
-        for i in range(bisect.bisect_right(ts, f.start_ns), bisect.bisect_left(ts, f.end_ns)):
-            if cs[i] != f.comm_id and self.kind_of.get(cs[i], kind) != kind:
-                return True
-        return False
 
 
 class Evidence:
