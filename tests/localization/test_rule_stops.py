@@ -49,7 +49,8 @@ def test_two_stuck_ends_the_one_alive_with_a_third_party_is_up():
     assert list(got) == [("network-stop", (B,))]
     assert got[("network-stop", (B,))].extra == {"alive_after_stall": {A: 2}}
     ev, p = ev_with(0)
-    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A, B))]
+    # nothing tells the two ends apart: neither is named (one of them is healthy)
+    assert stop_hypotheses(ev, p) == {}
 
 
 def test_the_member_absent_from_an_operator_its_peers_are_stuck_in_is_compute_stop():
@@ -171,7 +172,7 @@ def test_alive_after_its_own_stall_needs_no_skew_margin():
     ev, p = evidence(clock_skew_ns=10 * MS)
     ev.stops.stalls += [stall(A, B), stall(B, A)]
     _alive_at(ev, 9 * MS)  # before its own stall's last byte: no sign of life after it
-    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A, B))]
+    assert stop_hypotheses(ev, p) == {}
 
 
 def test_stalls_waiting_for_an_absent_member_give_way_to_the_stalls_of_started_operators():
