@@ -455,8 +455,7 @@ class AlivePoints:
                     del spans[:self.p.alive_drop]
 
     def shared(self, f: Finding) -> bool:
-        """Whether ``f``'s slowness is the share of its NIC that another kind of operator
-        took meanwhile: the bytes those records moved while ``f``'s record was on the wire
+        """Whether ``f``'s slowness is the share of its NIC that an all-to-all took meanwhile: the bytes those records moved while ``f``'s record was on the wire
         (pro rata of their own spans, on the same node's clock) at least the bytes ``f``'s
         record would have moved in its extra active time at its own pace, volume x
         (1 - reference / ACT). The reference of a shape is the pace of its records with the
@@ -464,8 +463,12 @@ class AlivePoints:
         sharing its NIC with the node's all-to-all moves its bytes at a share of it (sweep
         23 #6: pipeline sends at 2-2.6x their reference on every NIC of one node, each time
         the node's all-to-all ran on the same NICs, named host-contention before the fault
-        began), while a short send inside a long collective leaves it slow. Only ACT
-        findings: bytes resent are the network's whoever shares the NIC."""
+        began), while a short send inside a long collective leaves it slow. An all-to-all
+        drives every link of the NIC at once; a ring or tree collective on the node's own
+        NIC is not taken as sharing (counted, a CPU-starved host's pipeline sends, late
+        into its own ring traffic, were excused and its host-contention read as
+        network-slow: sweep 11 #9). Only ACT findings: bytes resent are the network's
+        whoever shares the NIC."""
         if f.metric != "act_ns" or f.value <= f.peers:
             return False
         spans = self._spans.get(f.endpoint)
@@ -478,7 +481,7 @@ class AlivePoints:
             return False
         other = 0.0
         for st, en, comm, kind, vol in spans[lo:hi]:
-            if comm != f.comm_id and kind != own[3] and en > f.start_ns:
+            if comm != f.comm_id and kind != own[3] and kind == GROUPED and en > f.start_ns:
                 other += vol * (min(en, f.end_ns) - max(st, f.start_ns)) / max(en - st, 1)
         return other >= own[4] * (1.0 - f.peers / f.value)
 

@@ -279,4 +279,5 @@ def test_records_that_shared_their_nic_with_another_kind_of_operator_are_not_com
     # a small one (0.8 MB of 1 MB) does not explain a 2.5x send
     assert state(GROUPED, mb=1) == [(ep(a), ep(b))]
     assert state("Send") == [(ep(a), ep(b))]                          # a twin of the same kind: as usual
+    assert state("AllReduce") == [(ep(a), ep(b))]                     # its own ring traffic: not sharing
     assert state(GROUPED, metric="volume_ratio") == [(ep(a), ep(b))]  # resent bytes are the network's
