@@ -78,6 +78,9 @@ class References:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self._refs: dict[tuple[str, int, int], RollingRef] = defaultdict(lambda: RollingRef(p.ref_size))
+        self._base: dict[tuple[str, int, int], list[float]] = {}
+        self._base_ops: dict[tuple[str, int, int], Counter[str]] = defaultdict(Counter)
+        self._stretch: dict[tuple[str, int, int], float] = {}
 
     @staticmethod
     def shape(r: OpMetrics) -> tuple[str, int, int]:
@@ -90,11 +93,33 @@ class References:
             return None
         return ref.percentile(self.p.ref_percentile_grouped if r.kind == GROUPED else self.p.ref_percentile)
 
+    def stretch(self, r: OpMetrics) -> float | None:
+        """How far above its reference percentile a healthy record of ``r``'s shape went:
+        the longest ACT of the first ``ref_base_ops`` complete operators of each of the
+        shape's communicators (a couple of steps of each: one step's buckets have the same
+        ranks in the same places) over their own reference percentile (None until they are
+        in, and for GroupP2P)."""
+        return self._stretch.get(self.shape(r))
+
     def add(self, ordered: list[OpMetrics]) -> None:
         """A complete operator's records join its shape's sample."""
         grouped = ordered[0].kind == GROUPED
-        self._refs[self.shape(ordered[0])].extend(
-            np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64))
+        shape = self.shape(ordered[0])
+        vals = np.array([r.active_rate if grouped else r.act_ns for r in ordered if r.act_ns > 0], dtype=np.float64)
+        self._refs[shape].extend(vals)
+        if grouped or shape in self._stretch or not vals.size:
+            return
+        ops = self._base_ops[shape]
+        comm = ordered[0].comm_id
+        if ops[comm] >= self.p.ref_base_ops:
+            return
+        base = self._base.setdefault(shape, [])
+        base.extend(vals.tolist())
+        ops[comm] += 1
+        if min(ops.values()) >= self.p.ref_base_ops:
+            ref = float(np.percentile(base, self.p.ref_percentile))
+            self._stretch[shape] = max(base) / ref if ref > 0 else 1.0
+            del self._base[shape], self._base_ops[shape]
 
 
 class LinkWindows:
@@ -251,6 +276,9 @@ class LateBaselines:
         self.rises: dict[tuple[int, bool], deque[float]] = defaultdict(
             lambda: deque(maxlen=p.late_spread_size))
         """communicator shape -> the newest rises of its ranks above their baselines."""
+        self.rise_nodes: dict[tuple[int, bool], deque[frozenset[str]]] = defaultdict(
+            lambda: deque(maxlen=p.late_spread_size))
+        """...and per rise, the nodes of the operator it was measured in (same order)."""
         self._spread_n: dict[tuple[int, bool], int] = {}
         self._spread_sigma: dict[tuple[int, bool], tuple[int, float]] = {}
 
@@ -262,10 +290,24 @@ class LateBaselines:
         buckets of several sizes, and the baseline must be done within a few steps)."""
         return (r.nranks, r.kind == GROUPED)
 
-    def threshold(self, shape: tuple[int, bool], epoch_ns: int) -> float | None:
+    @staticmethod
+    def coupled(nranks: int) -> bool:
+        """Whether one late rank displaces its peers' issue lags by a share of its own
+        lateness. A lag is measured against the median of the other ranks' issues: with two
+        or three ranks that median is (or averages in) the late rank itself, so each peer's
+        lag falls by a half or all of the lateness; from four ranks on the median of the
+        others is an order statistic of healthy ranks, moved by the healthy spread at most."""
+        return nranks <= 3
+
+    def threshold(self, shape: tuple[int, bool], epoch_ns: int, node: str | None = None) -> float | None:
         """The rise that counts as late for communicators of ``shape``: ``late_spread_k``
         robust sigmas of their healthy spread, at least ``late_floor_epochs`` epochs; None
-        until the spread is known."""
+        until the spread is known. ``node``: the node whose rise is judged. In a coupled
+        shape (:meth:`coupled`) its own lateness displaces its peers' rises in every
+        operator it takes part in (sweep 11 #0, gpu-slow under MoE, 3 ranks: the peers at
+        -0.4 ms while it rose 0.84 ms, the recent rises' sigma 0.59 ms against 0.05 ms over
+        the baselines), so the recent rises it is judged against are those of operators
+        without it, when the shape has enough of them."""
         dev = self.spread.get(shape)
         if dev is None or len(dev) < self.p.late_spread_min:
             return None
@@ -278,7 +320,13 @@ class LateBaselines:
             self._spread_sigma[shape] = (n, sigma)
         rises = self.rises.get(shape)
         if rises is not None and len(rises) >= self.p.late_spread_min:
-            sigma = max(sigma, MAD_TO_SIGMA * mad(np.fromiter(rises, np.float64, len(rises))))
+            x = np.fromiter(rises, np.float64, len(rises))
+            nodes = self.rise_nodes.get(shape)
+            if node is not None and nodes is not None and len(nodes) == len(x):
+                without = np.fromiter((node not in ns for ns in nodes), np.bool_, len(x))
+                if int(without.sum()) >= self.p.late_spread_min:
+                    x = x[without]
+            sigma = max(sigma, MAD_TO_SIGMA * mad(x))
         return max(self.p.late_spread_k * sigma, self.p.late_floor_epochs * epoch_ns)
 
     def judge(self, comm: str, ordered: list[OpMetrics],
@@ -294,7 +342,10 @@ class LateBaselines:
         floor = self.p.late_floor_epochs * ordered[0].epoch_ns
         base_of = self.base.get
         need = any((b := base_of((comm, ordered[i].rank))) is not None and lag - b >= floor for i, lag in lags)
-        th = self.threshold(shape, ordered[0].epoch_ns) if need else None
+        coupled = self.coupled(shape[0])
+        shared = self.threshold(shape, ordered[0].epoch_ns) if need and not coupled else None
+        ths: dict[str, float | None] = {}
+        rises: list[float] = []
         out: list[tuple[int, float, float]] = []
         for i, lag in lags:
             key = (comm, ordered[i].rank)
@@ -308,9 +359,20 @@ class LateBaselines:
                     self._spread_n[shape] = self._spread_n.get(shape, 0) + 1
                     del self._first[key]
                 continue
-            self.rises[shape].append(lag - base)
-            if th is not None and lag - base >= th:
+            rise = lag - base
+            rises.append(rise)
+            th = shared
+            if coupled and rise >= floor:
+                node = ordered[i].node
+                if node not in ths:
+                    ths[node] = self.threshold(shape, ordered[0].epoch_ns, node)
+                th = ths[node]
+            if th is not None and rise >= th:
                 out.append((i, lag, base))
+        self.rises[shape].extend(rises)
+        if coupled:
+            nodes = frozenset(r.node for r in ordered)
+            self.rise_nodes[shape].extend(nodes for _ in rises)
         return out
 
 
@@ -392,12 +454,16 @@ class AlivePoints:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self._points: dict[str, tuple[list[int], list[str]]] = {}
+        self._spans: dict[str, list[tuple[int, int, str, str, float]]] = {}
+        """NIC -> recent records on it, sorted by start: (start, end, comm, kind, bytes)."""
+        self._longest: dict[str, int] = {}
 
     def note(self, m: OpMetrics) -> None:
         times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
         if m.granted_ns is not None:
             times.append(m.granted_ns)
-        for nic in (m.nics or ()) if times else ():
+        nics = (m.nics or ()) if times else ()
+        for nic in nics:
             ep = nic if "/" in nic else f"{m.node}/{nic}"
             ts, cs = self._points.setdefault(ep, ([], []))
             for t in times:
@@ -406,6 +472,44 @@ class AlivePoints:
                 cs.insert(i, m.comm_id)
             if len(ts) > self.p.alive_max:
                 del ts[:self.p.alive_drop], cs[:self.p.alive_drop]
+            if m.volume_bytes > 0:
+                spans = self._spans.setdefault(ep, [])
+                span = (m.start_ns, m.end_ns, m.comm_id, m.kind, m.volume_bytes / len(nics))
+                spans.insert(bisect.bisect_right(spans, span), span)
+                self._longest[ep] = max(self._longest.get(ep, 0), m.end_ns - m.start_ns)
+                if len(spans) > self.p.alive_max:
+                    del spans[:self.p.alive_drop]
+
+    def shared(self, f: Finding) -> bool:
+        """Whether ``f``'s slowness is the share of its NIC that an all-to-all took meanwhile: the bytes those records moved while ``f``'s record was on the wire
+        (pro rata of their own spans, on the same node's clock) at least the bytes ``f``'s
+        record would have moved in its extra active time at its own pace, volume x
+        (1 - reference / ACT). The reference of a shape is the pace of its records with the
+        NIC as they usually have it (twins of the same kind included); a pipeline send
+        sharing its NIC with the node's all-to-all moves its bytes at a share of it (sweep
+        23 #6: pipeline sends at 2-2.6x their reference on every NIC of one node, each time
+        the node's all-to-all ran on the same NICs, named host-contention before the fault
+        began), while a short send inside a long collective leaves it slow. An all-to-all
+        drives every link of the NIC at once; a ring or tree collective on the node's own
+        NIC is not taken as sharing (counted, a CPU-starved host's pipeline sends, late
+        into its own ring traffic, were excused and its host-contention read as
+        network-slow: sweep 11 #9). Only ACT findings: bytes resent are the network's
+        whoever shares the NIC."""
+        if f.metric != "act_ns" or f.value <= f.peers:
+            return False
+        spans = self._spans.get(f.endpoint)
+        if not spans:
+            return False
+        lo = bisect.bisect_left(spans, (f.start_ns - self._longest.get(f.endpoint, 0),))
+        hi = bisect.bisect_left(spans, (f.end_ns,))
+        own = next((sp for sp in spans[lo:hi] if sp[2] == f.comm_id and sp[0] == f.start_ns), None)
+        if own is None:
+            return False
+        other = 0.0
+        for st, en, comm, kind, vol in spans[lo:hi]:
+            if comm != f.comm_id and kind != own[3] and kind == GROUPED and en > f.start_ns:
+                other += vol * (min(en, f.end_ns) - max(st, f.start_ns)) / max(en - st, 1)
+        return other >= own[4] * (1.0 - f.peers / f.value)
 
     def points(self, ep: str) -> tuple[list[int], list[str]]:
         """(times, comms) of ``ep``, sorted by time (empty lists when never seen)."""

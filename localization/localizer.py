@@ -202,7 +202,7 @@ class Localizer:
         ev, p = self.ev, self.p
         ordered = [recs[r] for r in sorted(recs)]
         view = self._view(comm, seq, ordered)
-        j = judge(view, p, ev.refs.of(ordered[0]))
+        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]))
         if all(r.complete for r in ordered):
             ev.refs.add(ordered)
         ev.closed_ops += 1

@@ -150,9 +150,10 @@ def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: fl
                    metric, r.start_ns, r.end_ns, view.peer_eps[i])
 
 
-def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
+def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None) -> Judgement:
     """Observations of one closed operator. ``act_ref``: the job-wide reference ACT of
-    operators of this shape (None while too few have been seen)."""
+    operators of this shape (None while too few have been seen); ``stretch``: how far above
+    its reference a healthy record of the shape went (:meth:`.evidence.References.stretch`)."""
     out = Judgement()
     n = len(view.recs)
     if n == 0:
@@ -186,7 +187,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None) -> Judgement:
     if view.kind == GROUPED:
         _judge_rate(view, p, act_ref, out)
     else:
-        _judge_act(view, p, act_ref, out)
+        _judge_act(view, p, act_ref, out, stretch)
     if view.kind in P2P:
         for r in view.recs:
             if r.t_host_ns is not None:
@@ -255,7 +256,8 @@ def _link(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> Link
     return LinkObs(view.endpoints[i], dst, slow, f, view.recs[i].end_ns, lo, hi, len(view.peer_eps[i]) > 1)
 
 
-def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement) -> None:
+def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement,
+               stretch: float | None = None) -> None:
     if ref is None or ref <= 0:
         return
     recs = view.recs
@@ -266,11 +268,19 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
     # where numpy's per-call cost was most of the work
     act = [float(r.act_ns) for r in recs]
     bound = slow_act_bound(ref, epoch, p)
+    # A record that sends to several peers (a tree relay) forwards what its subtree hands
+    # it: its active epochs follow its inputs' arrival, not its own links' capacity, and a
+    # straggler anywhere upstream spreads them (sweep 23 #11: a host-starved rank in a
+    # 12-rank tree at 96 us epochs, relays at 4 epochs before it and 6-8 after, two healthy
+    # nodes named network-slow). Such a record is slow only beyond the longest a record of
+    # the shape went in its healthy first operators; a single-peer send (ring, pipeline) is
+    # paced by its own link and keeps the quantisation bound alone.
+    healthy = stretch * ref if stretch is not None else 0.0
     amax = max(act)
     top_from = amax - max(epoch, p.act_top_frac * amax)
     vol = [float(r.volume_bytes) / max(float(r.expected_bytes), 1.0) if r.expected_bytes > 0 else 1.0
            for r in recs]
-    slow = [a >= bound for a in act]
+    slow = [a >= bound and (a > healthy or len(view.peer_eps[i]) < 2) for i, a in enumerate(act)]
     resent = [v >= 1.0 + p.vol_excess for v in vol]
     slow_op = any(slow) or any(resent)
     for i in range(len(act)):

@@ -68,6 +68,17 @@ class LocalizeParams:
     ref_percentile: int = 25
     """Percentile of those records that is the reference ACT: below the median, so it stays
     the healthy pace while up to half of the shape's records run through a faulty node."""
+    ref_base_ops: int = 8
+    """Complete operators of each communicator of a shape (kind, bytes, ranks) whose ACTs
+    are the shape's healthy stretch: the longest of their records over their reference
+    percentile. A record that sends to several peers (a tree relay, paced by what its
+    subtree hands it) is slow only when its ACT is longer than that stretch of the
+    reference too. Where the operator lasts a few epochs, healthy relays reach twice the
+    reference (sweep 23 #11: 4 MB buckets at 96 us epochs in a 12-rank tree, records of 2
+    to 8 epochs before the fault, a 25th percentile of 4), while the quantisation bound
+    (:func:`.observations.slow_act_bound`) sits at 7.5 epochs. The
+    first operators are the job's healthy history as far as it is known: a fault present
+    from the start widens the stretch and is missed, never blamed on a healthy node."""
     ref_percentile_grouped: int = 50
     """Percentile for GroupP2P rates (rank-level rate, not ACT): a rate has no
     one-sided fault bias the way ACT has (expert imbalance moves it both ways), so the
@@ -294,7 +305,7 @@ class LocalizeParams:
         for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
                      "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
                      "max_group", "rail_min_siblings", "rail_persist", "late_min_ranks", "late_base_ops",
-                     "late_spread_size", "late_spread_min"):
+                     "late_spread_size", "late_spread_min", "ref_base_ops"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
         if self.persist_ops > self.window_ops:

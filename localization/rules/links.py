@@ -46,7 +46,8 @@ def _link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Findin
         obs = links.obs[key]
         if node_of(key[0]) in ev.insufficient or node_of(key[1]) in ev.insufficient:
             continue
-        hits = [o.finding for o in obs if o.slow and o.finding is not None]
+        # a record that shared its NIC with another kind of operator is not compared
+        hits = [o.finding for o in obs if o.slow and o.finding is not None and not ev.alive.shared(o.finding)]
         if len(hits) >= p.persist_ops and len(hits) >= p.persist_frac * len(obs):
             slow[key] = hits
     if not slow:

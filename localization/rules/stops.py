@@ -75,7 +75,10 @@ def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
 
 def alive_after(ev: Evidence, p: LocalizeParams, node: str, first: list[Finding]) -> int:
     """Points at which ``node``'s NICs on the stalled links moved bytes in another
-    communicator after the first stall's last progress (plus the clock-offset margin)."""
+    communicator after the first stall's last progress (plus the clock-offset margin). The
+    margin also covers a record of the end's own, on its own clock: a stalled record's last
+    byte may precede its NIC's death by however long it waited for its peer (tried without
+    it: sharded nic-down, ``tests/engine/test_shards.py``, named a healthy node)."""
     eps = {f.endpoint for f in first if f.node == node}
     eps |= {e for f in first for e in f.peer_eps if node_of(e) == node}
     comms = {f.comm_id for f in first}
@@ -125,6 +128,16 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     # the operators that stall afterwards (peers no longer posting receives, whole
     # pipeline stages waiting) implicate the victims. "First" spans stall_first_ns,
     # well above the clock offset, so no decision hangs on sub-offset timing.
+    # A collective stalled because a member never issued it (absent) waits for that member:
+    # whatever keeps it away stopped it, not its own links (sweep 23 #2: a dead NIC's node
+    # waiting in a pipeline receive, absent from its stage's tree AllReduce, whose 96
+    # stalled records named a tree relay). When operators everyone started stalled too,
+    # those say where the traffic stopped; otherwise the waiting ones are read (the tie
+    # below then names the absent end).
+    absent_ops = {(f.comm_id, f.seq) for f in ev.stops.absent}
+    started = [f for f in stalls if (f.comm_id, f.seq) not in absent_ops]
+    if started and len(started) < len(stalls):
+        stalls = started
     t0 = min(f.end_ns for f in stalls)
     first = [f for f in stalls if f.end_ns <= t0 + p.stall_first_ns]
     sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
@@ -164,8 +177,12 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
         best = tied[0]
         own = [f for f in first if f.node == best] or first
         return {("network-stop", (best,)): make_hypothesis(p, "network-stop", "node", (best,), own, extra=extra)}
-    grp = tuple(sorted(tied))
-    return {("network-stop", grp): make_hypothesis(p, "network-stop", "group", grp, first)}
+    # Ends that nothing tells apart (a two-rank ring between them, both stalled at the same
+    # fraction at the same moment within the skew bound) are not named as a group: one of
+    # them is healthy, and an operator would drain both (sweep 29 #9: {node-02, node-03}
+    # named before node-02's pipeline send, stalled at the same instant, singled it out).
+    # The stalls that follow, or a third party's traffic, decide later.
+    return {}
 
 
 def stop_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:

@@ -28,8 +28,10 @@ SIZE = {"nodes": 4, "gpus_per_node": 2, "nics_per_node": 2, "pp": 1, "steps": 8}
 def traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("nicstop")
     out = {}
-    for name in ("healthy", "nic-slow", "nic-down"):
-        simulate(SimConfig(scenario=name, seed=1, **SIZE), root / name)  # type: ignore[arg-type]
+    # nic-down at seed 6: at seed 1 this 4-node ring stalls on every node within the skew
+    # bound, and the whole job was named as a group (3 healthy nodes in it: no longer named)
+    for name, seed in (("healthy", 1), ("nic-slow", 1), ("nic-down", 6)):
+        simulate(SimConfig(scenario=name, seed=seed, **SIZE), root / name)  # type: ignore[arg-type]
         out[name] = root / name
     return out
 
@@ -69,7 +71,7 @@ def test_a_down_nic_that_published_nothing_is_still_found(traces: dict[str, Path
     truth = read_truth(traces["nic-down"])
     node, nic = truth["culprit"]["nics"][0].split("/")
     clean = named(traces["nic-down"])
-    assert clean and all(k == "network-stop" and node in nodes for k, nodes in clean)
+    assert clean == {("network-stop", (node,))}
     t = M.copy(traces["nic-down"], tmp_path / "down")
     M.edit_nic(t, node, stop_at(int(truth["onset_ns"])), nic=nic)  # its capture saw nothing after
     assert named(t) == clean

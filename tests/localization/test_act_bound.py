@@ -74,3 +74,55 @@ def test_rate_bounds_allow_one_epoch_of_quantisation_either_way():
 
     r = synth.record("c", 0, 0, 0, kind="Send", nranks=2, start=0, end=1, t_host=0, nic="mlx5_0")
     assert rate_bounds(dataclasses.replace(r, act_ns=0)) == (0.0, 0.0)  # nothing active: unknown
+
+
+def _view_peers(acts_epochs: list[int], peers_of: list[int]) -> OpView:
+    """Like ``_view``, rank i sending to its next ``peers_of[i]`` ranks."""
+    v = _view(acts_epochs)
+    n = len(acts_epochs)
+    v.peer_eps = [tuple(v.endpoints[(i + k) % n] for k in range(1, peers_of[i] + 1)) for i in range(n)]
+    return v
+
+
+def test_a_relay_is_slow_only_beyond_the_shapes_healthy_stretch():
+    # sweep 23 #11: 4-epoch operators whose healthy relays reached 8 epochs (stretch 2.0);
+    # after a straggler upstream a relay at 8 epochs is within what the shape showed
+    ref = 4.0 * E
+    out = Judgement()
+    _judge_act(_view_peers([8, 4, 4, 4], [3, 1, 1, 1]), P, ref, out, stretch=2.0)
+    assert not out.findings and not any(lk.slow for lk in out.links)
+    # without the stretch (the quantisation bound alone: 7.5 epochs) it was slow
+    out = Judgement()
+    _judge_act(_view_peers([8, 4, 4, 4], [3, 1, 1, 1]), P, ref, out)
+    assert [f.node for f in out.findings] == ["n0"]
+    # beyond the stretch it is slow
+    out = Judgement()
+    _judge_act(_view_peers([10, 4, 4, 4], [3, 1, 1, 1]), P, ref, out, stretch=2.0)
+    assert [f.node for f in out.findings] == ["n0"]
+    # a single-peer send is paced by its own link: the stretch does not apply to it
+    out = Judgement()
+    _judge_act(_view_peers([8, 4, 4, 4], [1, 1, 1, 1]), P, ref, out, stretch=2.0)
+    assert [f.node for f in out.findings] == ["n0"]
+
+
+def test_the_stretch_comes_from_each_communicators_first_operators():
+    from pulse.localization.evidence import References
+
+    from . import synth
+
+    p = LocalizeParams(ref_base_ops=2)
+    refs = References(p)
+
+    def op(comm: str, seq: int, acts: list[int]) -> list[OpMetrics]:
+        return [synth.record(comm, seq, r, r, kind="AllReduce", nranks=4, start=0, end=a * E, t_host=0,
+                             nic="mlx5_0", act=a * E) for r, a in enumerate(acts)]
+
+    refs.add(op("c0", 0, [4, 4, 4, 8]))
+    refs.add(op("c1", 0, [4, 4, 4, 4]))
+    refs.add(op("c0", 1, [4, 4, 4, 4]))
+    assert refs.stretch(op("c0", 2, [4] * 4)[0]) is None  # c1 has not shown its two operators yet
+    refs.add(op("c0", 2, [4, 4, 4, 20]))  # c0's are in: not part of it
+    refs.add(op("c1", 1, [4, 4, 5, 4]))
+    assert refs.stretch(op("c0", 3, [4] * 4)[0]) == 2.0  # 8 epochs over a 25th percentile of 4
+    refs.add(op("c1", 2, [4, 4, 4, 40]))  # later operators never move it
+    assert refs.stretch(op("c1", 3, [4] * 4)[0]) == 2.0

@@ -130,3 +130,38 @@ def test_the_incident_says_the_rank_issued_later_than_usual():
     v = next(v for v in job(late_node=3, offset_node=2) if v.status == "anomaly")
     assert {f["metric"] for f in v.evidence["findings"]} == {ISSUE_LAG}
     assert "issued its collectives 1.0 ms later than usual against its peers" in summary(v, 16)
+
+
+def test_a_straggler_of_three_rank_communicators_is_judged_without_the_peers_it_displaces():
+    # Two 3-rank communicators of one shape, on disjoint nodes. From operator 8 on, node A
+    # (node-00) of c0 issues 1 ms late: its two peers' issue lags (against the median of the other
+    # two, A included) fall by 0.5 ms each, so two thirds of c0's rises are displaced by the
+    # straggler itself. Judged against every rise of the shape, the spread absorbs them;
+    # judged against the operators without A (c1: jitter of 30 us), A stands out.
+    p = LocalizeParams(late_base_ops=8, late_spread_min=16, late_spread_k=6.0, late_floor_epochs=2.0)
+    lb = LateBaselines(p)
+    shape = (3, False)
+    nodes = {"c0": [0, 1, 2], "c1": [3, 4, 5]}
+    recs = {c: [synth.record(c, 0, r, nd, kind="AllReduce", nranks=3, start=0, end=MS, t_host=0, nic="mlx5_0")
+                for r, nd in enumerate(ns)] for c, ns in nodes.items()}
+    rng = np.random.default_rng(5)
+
+    def op(comm: str, late: float) -> list[tuple[int, float, float]]:
+        t = rng.normal(0, 30_000, 3)
+        t[0] += late
+        lags = [(i, float(t[i] - np.median(np.delete(t, i)))) for i in range(3)]
+        return lb.judge(comm, recs[comm], lags)
+
+    for _ in range(8):
+        assert op("c0", 0.0) == [] and op("c1", 0.0) == []
+    hits = 0
+    for _ in range(60):
+        hits += any(i == 0 for i, _, _ in op("c0", MS))
+        assert op("c1", 0.0) == []
+    assert hits >= 55  # A: late in (nearly) every operator once the rises hold its effect
+    whole = lb.threshold(shape, synth.EPOCH)
+    alone = lb.threshold(shape, synth.EPOCH, synth.node(0))
+    assert whole is not None and whole > MS      # the displaced peers inflate the spread
+    assert alone is not None and alone < MS / 2  # c1's jitter: six sigmas of 30 us
+    # four ranks or more: the median of the others is a healthy rank's, no exclusion
+    assert not LateBaselines.coupled(4) and LateBaselines.coupled(3) and LateBaselines.coupled(2)

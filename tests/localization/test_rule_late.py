@@ -44,6 +44,29 @@ def test_now_and_then_late_is_not_persistent():
     assert late_hypotheses(ev, p, set(), set()) == {}
 
 
+def test_windows_late_half_the_time_are_no_evidence_of_punctuality():
+    # sweep 11 #0 (gpu-slow x1.31, 128 us epochs): late in every all-to-all, in half of
+    # the data-parallel operators, where its lateness sits at the two-epoch floor
+    ev, p = evidence()
+    for c in ("ep0", "ep1"):
+        fill(ev, A, c)
+    for c in ("dp0", "dp1"):
+        fill(ev, A, c, late_every=2)
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]
+    # late in half the operators of every communicator: not persistent anywhere
+    ev, p = evidence()
+    for c in ("ep0", "ep1", "dp0", "dp1"):
+        fill(ev, A, c, late_every=2)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+    # and on time in the communicators it was not late in all along still counts against it
+    ev, p = evidence()
+    for c in ("ep0", "ep1"):
+        fill(ev, A, c)
+    fill(ev, A, "dp0", late_every=2)
+    fill(ev, A, "dp1", late_every=0)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+
+
 def test_a_window_less_than_half_full_does_not_count_yet():
     ev, p = evidence()
     fill(ev, A, "c0", n=7)

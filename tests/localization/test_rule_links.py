@@ -243,3 +243,41 @@ def test_one_sided_slowness_of_a_node_whose_partner_is_cleared_waits_for_the_hos
             ev.links.add(LinkObs(ep(src), ep(dst), False, None, (i + 6) * MS, rate, rate * 1.05))
     slow, cl = link_state(ev, p)
     assert slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl)) == {}
+
+
+def test_records_that_shared_their_nic_with_another_kind_of_operator_are_not_compared():
+    # sweep 23 #6: node A's pipeline sends at 2-2.6x their reference on every NIC, each time
+    # A's all-to-all ran on the same NICs (A's clock for both): the NIC shared, not slow
+    from pulse.localization.observations import LinkObs
+
+    from pulse.events import GROUPED
+
+    from . import synth
+
+    a, b = synth.node(0), synth.node(1)
+
+    def state(overlap_kind: str | None, metric: str = "act_ns", mb: int = 8):
+        ev, p = evidence(clock_skew_ns=0)
+        for i in range(12):
+            t = i * MS
+            ev.alive.note(synth.record("pp", i, 0, 0, kind="Send", nranks=2, start=t, end=t + MS // 2,
+                                       t_host=t, nic="mlx5_0"))
+            if overlap_kind is not None:  # another operator on A's NIC, over most of the send
+                ev.alive.note(synth.record(overlap_kind.lower(), i, 0, 0, kind=overlap_kind, nranks=4,
+                                           start=t + MS // 10, end=t + 6 * MS // 10, t_host=t,
+                                           nic="mlx5_0", nbytes=mb << 20))
+            slow = i >= 6
+            f = finding(ACT, a, comm="pp", seq=i, endpoint=ep(a), value=2.5, metric=metric, start=t,
+                        end=t + MS // 2, to=(ep(b),)) if slow else None
+            ev.links.add(LinkObs(ep(a), ep(b), slow, f, t + MS // 2))
+        return list(link_state(ev, p)[0])
+
+    assert state(None) == [(ep(a), ep(b))]
+    # the all-to-all moved 6.4 of its 8 MB during the send: more than the 4.8 MB the send
+    # would have moved in its extra time (8 MB x (1 - 1 / 2.5)) - it shared A's NIC
+    assert state(GROUPED) == []
+    # a small one (0.8 MB of 1 MB) does not explain a 2.5x send
+    assert state(GROUPED, mb=1) == [(ep(a), ep(b))]
+    assert state("Send") == [(ep(a), ep(b))]                          # a twin of the same kind: as usual
+    assert state("AllReduce") == [(ep(a), ep(b))]                     # its own ring traffic: not sharing
+    assert state(GROUPED, metric="volume_ratio") == [(ep(a), ep(b))]  # resent bytes are the network's
