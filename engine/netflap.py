@@ -245,16 +245,32 @@ class FlapWatch:
         evs[:] = [e for e in evs if e.end_ns >= newest - self.keep_ns]
         done = min((nd.done * nd.epoch_ns for (j, _n), nd in self._nodes.items()
                     if j == job and nd.done > -(1 << 61)), default=-(1 << 62))
-        clusters: list[tuple[int, list[Silence]]] = []
-        for e in sorted(evs, key=lambda s: s.core_start_ns):
-            if clusters and e.core_start_ns <= clusters[-1][0] + self.skew_ns:
-                end, members = clusters[-1]
-                members.append(e)
-                clusters[-1] = (max(end, e.core_end_ns), members)
-            else:
-                clusters.append((e.core_end_ns, [e]))
+        # one event: silences each silent while the other's siblings sent (a down link holds
+        # both its ends, and the ring behind it, for as long as it is down), within the skew
+        sk = self.skew_ns
+        order = sorted(evs, key=lambda e: e.start_ns)
+        group = list(range(len(order)))
+
+        def root(k: int) -> int:
+            while group[k] != k:
+                group[k] = group[group[k]]
+                k = group[k]
+            return k
+
+        for i, x in enumerate(order):
+            for j in range(i + 1, len(order)):
+                y = order[j]
+                if y.start_ns > x.end_ns + sk:
+                    break
+                if (y.start_ns - sk <= x.core_start_ns and x.core_end_ns <= y.end_ns + sk
+                        and x.start_ns - sk <= y.core_start_ns and y.core_end_ns <= x.end_ns + sk):
+                    group[root(j)] = root(i)
+        members: dict[int, list[Silence]] = {}
+        for k, e in enumerate(order):
+            members.setdefault(root(k), []).append(e)
         # final: every node's data went past it (a silence still open elsewhere could join)
-        multi = [m for end, m in clusters if end + self.skew_ns < done and len({s.node for s in m}) >= 2]
+        multi = [m for m in members.values()
+                 if max(e.end_ns for e in m) + sk < done and len({e.node for e in m}) >= 2]
         if len(multi) < FLAP_PERSIST or lossy:
             return None
         common = set.intersection(*({(s.node, s.nic) for s in m} for m in multi))
