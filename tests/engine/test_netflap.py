@@ -84,6 +84,12 @@ def test_silences_of_one_node_alone_name_no_one() -> None:
     assert not named(watch(schedule(14, {"n0/m1": {5, 6, 7, 8, 9, 10}})))
 
 
+def test_silences_of_two_nodes_at_different_times_are_not_one_event() -> None:
+    """n0/m1 and n2/m1 each miss bursts, never while the other was silent too: no link held
+    both, so no multi-node event (each alone is a single-node silence)."""
+    assert not named(watch(schedule(14, {"n0/m1": {5, 6, 7}, "n2/m1": {9, 10, 11}})))
+
+
 def test_too_few_events_name_no_one() -> None:
     assert not named(watch(schedule(14, {"n0/m1": {5, 6}, "n2/m1": {5}, "n1/m1": {6}})))
 
