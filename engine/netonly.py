@@ -18,6 +18,8 @@ that into records the localizer already judges:
   ``comm_id`` ``inferred:<job>:<group>`` and ``seq`` the window index, so the localizer runs
   unchanged; rules that need descriptor-only facts see nothing to act on: no issue times
   (lateness, compute-slow), no expected bytes (completion, stops), no posted receives.
+* stops (:mod:`.netstop`) and flaps (:mod:`.netflap`) are read from silences, on the
+  NICs' own clocks, and reach the localizer as the records its stop and rail rules judge.
 
 What it cannot tell is said in docs/localization.md ("Network-only mode").
 """
