@@ -18,6 +18,8 @@ that into records the localizer already judges:
   ``comm_id`` ``inferred:<job>:<group>`` and ``seq`` the window index, so the localizer runs
   unchanged; rules that need descriptor-only facts see nothing to act on: no issue times
   (lateness, compute-slow), no expected bytes (completion, stops), no posted receives.
+* stops (:mod:`.netstop`) and flaps (:mod:`.netflap`) are read from silences, on the
+  NICs' own clocks, and reach the localizer as the records its stop and rail rules judge.
 
 What it cannot tell is said in docs/localization.md ("Network-only mode").
 """
@@ -34,6 +36,7 @@ from pulse.events import FlowEvent, HookEvent
 from pulse.records import DataEnd, OpMetrics
 from pulse.samples import EpochBatch
 
+from .netflap import Flap, FlapWatch
 from .netstop import Stop, StopWatch
 from .segment_stage import SegmentOutput
 
@@ -94,6 +97,9 @@ class InferredStage:
         self._stops = StopWatch(p.stall_ns, p.stall_first_ns)
         """Where the traffic stopped when the job goes silent (:mod:`.netstop`)."""
         self._n_stops = 0
+        self._flaps = FlapWatch(p.clock_skew_ns, p.rail_keep_ns)
+        """Which NIC fell silent and resumed while its node's other NICs sent (:mod:`.netflap`)."""
+        self._n_flaps = 0
         self._epoch_ns = 0
         self._win_ns: int | None = None
         """The window in use: ``window_ns`` rounded down to whole epochs of the first batch."""
@@ -205,6 +211,8 @@ class InferredStage:
         sent = b.tx_bytes > 0
         self._stops.note(self._jobs.get(b.node, ""), ep, b.t0_ns + (b.epoch[sent].astype(np.int64) + 1) * b.epoch_ns,
                          b.tx_bytes[sent], self._end[ep])
+        self._flaps.note(self._jobs.get(b.node, ""), b.node, b.nic, b.epoch_ns,
+                         b.t0_ns // b.epoch_ns + b.epoch[sent].astype(np.int64), b.tx_bytes[sent], self._end[ep])
         if not sent.any():
             return
         flow_rows = b.flow[sent]
@@ -286,7 +294,28 @@ class InferredStage:
             self._emitted_upto = max(self._emitted_upto, windows[-1])
         for stop in self._stops.check():
             self._stuck(stop, out)
+        for flap in self._flaps.check(lossy=bool(self._surplus())):
+            self._flapped(flap, out)
         return out
+
+    def _flapped(self, flap: Flap, out: SegmentOutput) -> None:
+        """Each silence of the flapping NIC as one inferred operator per NIC of its node, as
+        the localizer's rail rule reads them: issued when the NIC fell silent (node clock),
+        its siblings' ending where they last sent before it resumed. Its own share ends no
+        earlier than it resumed, and no earlier than its silence after its siblings (what
+        they sent meanwhile it sends after, at no more than their rate): it ends that late."""
+        epoch_ns = self._epoch_ns or 1
+        for s in flap.silences:
+            self._n_flaps += 1
+            ref = int(np.median(list(s.siblings_end_ns.values())))
+            late = max(s.end_ns - ref, s.silent_ns)
+            for nic, moved in sorted(s.sent_bytes.items()):
+                end = ref + late if nic == s.nic else s.siblings_end_ns[nic]
+                out.metrics.append(OpMetrics(
+                    job=flap.job, node=s.node, comm_id=f"{INFERRED_PREFIX}rail:{s.node}/{nic}", seq=self._n_flaps,
+                    rank=0, kind="AllGather", nranks=1, start_ns=s.start_ns, end_ns=max(end, s.start_ns),
+                    duration_ns=max(end - s.start_ns, 0), act_ns=0, volume_bytes=moved, expected_bytes=0,
+                    complete=True, active_rate=0.0, flows=1, epoch_ns=epoch_ns, nics=[nic], t_host_ns=s.start_ns))
 
     def _stuck(self, stop: Stop, out: SegmentOutput) -> None:
         """The operator the job is stuck in, as the localizer's stop rules read it: one rank
