@@ -457,6 +457,9 @@ class AlivePoints:
         self._spans: dict[str, list[tuple[int, int, str, str, float]]] = {}
         """NIC -> recent records on it, sorted by start: (start, end, comm, kind, bytes)."""
         self._longest: dict[str, int] = {}
+        self._changed: dict[str, int] = {}
+        """NIC -> how many times its spans changed (a :meth:`shared` answer holds until then)."""
+        self._shared_memo: dict[tuple[Any, ...], tuple[int, bool]] = {}
 
     def note(self, m: OpMetrics) -> None:
         times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
@@ -476,6 +479,7 @@ class AlivePoints:
                 spans = self._spans.setdefault(ep, [])
                 span = (m.start_ns, m.end_ns, m.comm_id, m.kind, m.volume_bytes / len(nics))
                 spans.insert(bisect.bisect_right(spans, span), span)
+                self._changed[ep] = self._changed.get(ep, 0) + 1
                 self._longest[ep] = max(self._longest.get(ep, 0), m.end_ns - m.start_ns)
                 if len(spans) > self.p.alive_max:
                     del spans[:self.p.alive_drop]
@@ -497,6 +501,20 @@ class AlivePoints:
         whoever shares the NIC."""
         if f.metric != "act_ns" or f.value <= f.peers:
             return False
+        # asked of every slow observation of the hot links at each evaluation: the answer
+        # only changes when the NIC's spans do
+        key = (f.endpoint, f.comm_id, f.seq, f.rank, f.start_ns, f.end_ns, f.value, f.peers)
+        version = self._changed.get(f.endpoint, 0)
+        hit = self._shared_memo.get(key)
+        if hit is not None and hit[0] == version:
+            return hit[1]
+        if len(self._shared_memo) >= 1 << 16:
+            self._shared_memo.clear()
+        out = self._shared(f)
+        self._shared_memo[key] = (version, out)
+        return out
+
+    def _shared(self, f: Finding) -> bool:
         spans = self._spans.get(f.endpoint)
         if not spans:
             return False

@@ -281,3 +281,24 @@ def test_records_that_shared_their_nic_with_another_kind_of_operator_are_not_com
     assert state("Send") == [(ep(a), ep(b))]                          # a twin of the same kind: as usual
     assert state("AllReduce") == [(ep(a), ep(b))]                     # its own ring traffic: not sharing
     assert state(GROUPED, metric="volume_ratio") == [(ep(a), ep(b))]  # resent bytes are the network's
+
+
+def test_a_shared_answer_is_asked_again_once_its_nics_records_change():
+    """``AlivePoints.shared`` keeps its answer per finding (asked at every evaluation) only
+    until a record on the finding's NIC arrives: an all-to-all that closes after the slow
+    send it overlapped turns the answer."""
+    from pulse.localization.evidence import AlivePoints
+    from pulse.localization.params import LocalizeParams
+
+    from pulse.events import GROUPED
+
+    from . import synth
+
+    a, b = synth.node(0), synth.node(1)
+    alive = AlivePoints(LocalizeParams())
+    alive.note(synth.record("pp", 0, 0, 0, kind="Send", nranks=2, start=0, end=MS // 2, t_host=0, nic="mlx5_0"))
+    f = finding(ACT, a, comm="pp", seq=0, endpoint=ep(a), value=2.5, start=0, end=MS // 2, to=(ep(b),))
+    assert alive.shared(f) is False and alive.shared(f) is False
+    alive.note(synth.record("a2a", 0, 0, 0, kind=GROUPED, nranks=4, start=MS // 10, end=6 * MS // 10, t_host=0,
+                            nic="mlx5_0", nbytes=8 << 20))
+    assert alive.shared(f) is True and alive.shared(f) == alive._shared(f)
