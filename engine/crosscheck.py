@@ -54,6 +54,7 @@ class CrossCheck:
 
     @property
     def agrees(self) -> bool:
+        """No disagreement found (see :attr:`wire_paired` for how much could be compared)."""
         return not (self.peer_mismatch or self.direction_mismatch or self.rank_conflicts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -64,7 +65,15 @@ class CrossCheck:
         head = (f"cross-check: {self.declared_flows} declared flows, {self.wire_paired} with both ends on the wire, "
                 f"{self.data_flows} flows carried data; undeclared traffic {100 * self.undeclared_bytes_share:.1f} % "
                 "of all bytes")
-        out = [head + (": descriptors and wire agree" if self.agrees else ": DISAGREE")]
+        if not self.agrees:
+            verdict = ": DISAGREE"
+        elif self.wire_paired == 0:
+            # nothing was compared: agreeing would be a healthy-sounding answer without a basis
+            verdict = (": nothing to compare (no declared flow's other end is on the wire: the flow events "
+                       "carry no addresses or queue pair numbers)")
+        else:
+            verdict = ": descriptors and wire agree"
+        out = [head + verdict]
         for m in self.peer_mismatch[:SHOWN]:
             out.append(f"  peer: {m['endpoint']} flow {m['flow']} ({m['comm_id']} rank {m['rank']}) is declared to "
                        f"reach rank {m['peer']} on {m['declared_node']}, the wire reaches {m['wire_endpoint']}")

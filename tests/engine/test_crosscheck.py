@@ -92,6 +92,16 @@ def test_a_rank_declared_on_two_nodes_is_named(tmp_path: Path) -> None:
     assert len(c.rank_conflicts) == 1 and len(c.rank_conflicts[0]["nodes"]) == 2
 
 
+def test_bindings_without_addresses_compare_nothing_and_say_so(tmp_path: Path) -> None:
+    """Flow events from a log that names no address or queue pair: the descriptors cannot
+    be checked against the wire, and the report must not sound like an agreement."""
+    keys = ("src", "dst", "sport", "dport", "qpn", "remote_qpn")
+    c = cross_check(_rewrite(LAB, tmp_path / "t", lambda evs: [{k: v for k, v in e.items() if k not in keys}
+                                                              for e in evs]))
+    assert c.wire_paired == 0 and c.declared_flows == 24
+    assert "nothing to compare" in c.lines()[0] and "agree" not in c.lines()[0]
+
+
 @pytest.fixture(scope="module")
 def roce(tmp_path_factory: pytest.TempPathFactory) -> Path:
     t = tmp_path_factory.mktemp("roce") / "t"
