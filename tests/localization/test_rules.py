@@ -150,6 +150,46 @@ def test_compute_slow_rank_idles_longer_before_its_operators():
     assert f["metric"] == "issue_to_end_ns" and f["value"] < f["reference"] - 7_000_000
 
 
+def test_a_rank_that_finishes_first_did_not_keep_its_peers_waiting():
+    """Real Gloo ring, rank 2 at 200 Mbit/s (a CI run's lab e2e): every rank issued each
+    AllReduce within tens of ms, but rank 0's last chunks came first and its operators
+    ended 40-95 ms before its peers': its issue-to-end span was the shortest by more than
+    the lab's 60 ms lateness bar, and it was named compute-slow. A shorter span says the
+    peers waited only if the rank's end came with theirs."""
+    def early_end(comm, seq, r, f):
+        if seq >= ONSET:
+            f["duration_ns"] += 0 if r == 0 else 12_000_000  # the others' last chunks come later
+        return f
+
+    import dataclasses
+
+    from pulse.events import CommEvent
+
+    # no ring order known (Gloo publishes none), so no ring predecessor's end explains it
+    evs = [dataclasses.replace(e, rings=None) if isinstance(e, CommEvent) else e for e in synth.events(4, 2)]
+    vs = localize(synth.metrics(4, 2, tweak=early_end), evs, LocalizeParams())
+    assert not [v for v in anomalies(vs) if v.kind == "compute-slow"]
+    # the same spans from a late issue (ends together) are still the rank's own lateness
+    vs = localize(synth.metrics(4, 2, tweak=_late(12_000_000)), evs, LocalizeParams())
+    assert culprits(vs) == {("compute-slow", "node", ("node-02",))}
+
+
+def test_resent_bytes_do_not_hide_a_rank_its_peers_waited_for():
+    """Lab, a rank at 5 % of a core, 0.3-1.4 s late in every operator: its full socket
+    buffers dropped what its senders then resent, and every operator carrying that surplus
+    dropped the rank's lateness with it (only 10 of 16 late left: "healthy"). Lateness its
+    peers waited tens of ms for is kept beside the surplus."""
+    late = _late(80_000_000)
+
+    def starved(comm, seq, r, f):
+        f = late(comm, seq, r, f)
+        if seq >= ONSET and r == 1:
+            f["volume_bytes"] = int(f["expected_bytes"] * 1.05)  # resent into the starved receiver
+        return f
+
+    assert ("compute-slow", "node", ("node-02",)) in culprits(run(starved, params=LocalizeParams(late_min_ns=60_000_000)))
+
+
 def test_lateness_below_the_clock_offset_bound_counts_only_against_the_ranks_own_history():
     # late by 1 ms (the default skew bound) from the first operator: against its peers it
     # could be its clock, and it has no earlier self to differ from
