@@ -126,3 +126,40 @@ def test_the_stretch_comes_from_each_communicators_first_operators():
     assert refs.stretch(op("c0", 3, [4] * 4)[0]) == 2.0  # 8 epochs over a 25th percentile of 4
     refs.add(op("c1", 2, [4, 4, 4, 40]))  # later operators never move it
     assert refs.stretch(op("c1", 3, [4] * 4)[0]) == 2.0
+
+
+def test_the_relay_stretch_applies_only_where_the_communicator_declared_trees(monkeypatch):
+    """A record bound to several peers is a tree relay only in a communicator that declared
+    trees: Gloo binds a flow to every peer of a ring rank and publishes no trees, and the
+    relay bar there hid a real 1.27 % loss (kept lab-sweep run, 4 ranks)."""
+    import dataclasses
+
+    from pulse.localization import Localizer
+    from pulse.localization import localizer as loc_mod
+
+    from pulse.events import CommEvent
+
+    from . import synth
+
+    seen: dict[str, list] = {}
+    real = loc_mod.judge
+
+    def spy(view, p, ref, stretch=None):
+        seen.setdefault(view.recs[0].comm_id, []).append(stretch)
+        return real(view, p, ref, stretch)
+
+    monkeypatch.setattr(loc_mod, "judge", spy)
+    from pulse.localization.evidence import References
+
+    monkeypatch.setattr(References, "stretch", lambda self, r: 2.0)
+    evs = synth.events(4, 2)
+    tree_comm = next(e.comm_id for e in evs if isinstance(e, CommEvent))
+    evs = [dataclasses.replace(e, trees=[[0, 1, 2, -1, -1]]) if isinstance(e, CommEvent) and e.comm_id == tree_comm
+           else e for e in evs]
+    loc = Localizer()
+    loc.add_events(evs)
+    assert loc.topo.trees == {tree_comm}
+    loc.update(synth.metrics(4, 2, ops=6))
+    loc.finish()
+    assert set(seen[tree_comm]) == {2.0}
+    assert all(set(v) == {None} for c, v in seen.items() if c != tree_comm) and len(seen) == 2
