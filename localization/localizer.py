@@ -202,11 +202,7 @@ class Localizer:
         ev, p = self.ev, self.p
         ordered = [recs[r] for r in sorted(recs)]
         view = self._view(comm, seq, ordered)
-        # a relay's healthy stretch applies where the communicator declared trees: elsewhere
-        # a record bound to several peers (Gloo binds every peer; its ring sends to one) is
-        # paced by its own link (lab loss 1.27 % on 4 ranks: missed with the stretch)
-        stretch = ev.refs.stretch(ordered[0]) if comm in self.topo.trees else None
-        j = judge(view, p, ev.refs.of(ordered[0]), stretch)
+        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]))
         if all(r.complete for r in ordered):
             ev.refs.add(ordered)
         ev.closed_ops += 1

@@ -23,10 +23,6 @@ class Topology:
         self.send_peers: dict[tuple[str, int], set[int]] = defaultdict(set)
         self.rank_pid: dict[tuple[str, int], int] = {}
         self.rings: dict[str, list[list[int]]] = {}
-        self.trees: set[str] = set()
-        """Communicators that declared trees: only there is a record sending to several
-        peers a relay (Gloo binds a flow to every peer of a ring rank, NCCL's tree
-        algorithm relays through its children)."""
         self.job: str | None = None
         self.version = 0
         """Bumped whenever what a rank's endpoints or peers derive from changes (callers
@@ -42,8 +38,6 @@ class Topology:
                     self.rank_pid[(e.comm_id, e.rank)] = e.pid
                 if e.rings:
                     self.rings.setdefault(e.comm_id, e.rings)
-                if e.trees:
-                    self.trees.add(e.comm_id)
                 if self.job is None:
                     self.job = e.job
             elif isinstance(e, FlowEvent) and e.bound:
