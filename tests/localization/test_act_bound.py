@@ -126,3 +126,33 @@ def test_the_stretch_comes_from_each_communicators_first_operators():
     assert refs.stretch(op("c0", 3, [4] * 4)[0]) == 2.0  # 8 epochs over a 25th percentile of 4
     refs.add(op("c1", 2, [4, 4, 4, 40]))  # later operators never move it
     assert refs.stretch(op("c1", 3, [4] * 4)[0]) == 2.0
+
+
+def test_resent_bytes_in_an_operator_its_peers_waited_for_are_not_the_network():
+    """Lab, a rank at 5 % of a core: a receiver that does not drain drops what its buffers
+    cannot hold, so every sender into it resent 2-3 %, and the rank's ring neighbour was
+    named network-slow. In an operator where a rank came ``late_override_ns`` late, the
+    surplus is its peers waiting on it too: not a slow link; its lateness is judged."""
+    from pulse.localization.observations import LATE, judge
+
+    ms = 1_000_000
+    n = 4
+    recs = [OpMetrics(job="j", node=f"n{i}", comm_id="c", seq=0, rank=i, kind="AllReduce", nranks=n,
+                      start_ns=(80 if i == 3 else 1) * ms, end_ns=100 * ms, duration_ns=(20 if i == 3 else 99) * ms,
+                      act_ns=4 * E, volume_bytes=int(4096 * (1.05 if i == 0 else 1.0)), expected_bytes=4096,
+                      complete=True, active_rate=1.0, flows=2, epoch_ns=E, t_host_ns=(80 if i == 3 else 0) * ms)
+            for i in range(n)]
+    eps = [f"n{i}/mlx5_0" for i in range(n)]
+    view = OpView("c", 0, "AllReduce", {i: f"n{i}" for i in range(n)}, recs, eps,
+                  [tuple(e for j, e in enumerate(eps) if j != i) for i in range(n)], [False] * n)
+    p = LocalizeParams(late_min_ns=60 * ms, clock_skew_ns=0)
+    out = judge(view, p, 4.0 * E)
+    assert not any(lk.slow for lk in out.links)
+    assert not [f for f in out.findings if f.metric == "volume_ratio"]
+    assert [(f.kind, f.rank) for f in out.findings] == [(LATE, 3)]
+    # without a late rank the same surplus is a slow link
+    import dataclasses
+
+    on_time = [dataclasses.replace(r, t_host_ns=0, start_ns=ms, duration_ns=99 * ms) for r in recs]
+    out = judge(OpView("c", 0, "AllReduce", view.members, on_time, eps, view.peer_eps, [False] * n), p, 4.0 * E)
+    assert any(lk.slow for lk in out.links) and [f.metric for f in out.findings] == ["volume_ratio"]
