@@ -145,3 +145,13 @@ def test_the_cli_prints_it_and_adds_one_json_line() -> None:
     r = CliRunner().invoke(main, ["diagnose", str(LAB), "--cross-check", "--json"])
     last = orjson.loads(r.stdout.splitlines()[-1])
     assert last["cross_check"]["agrees"] is True and last["cross_check"]["declared_flows"] == 24
+
+
+def test_a_directory_that_is_not_a_trace_is_one_clear_error(tmp_path: Path) -> None:
+    from pulse.errors import PulseError
+
+    (tmp_path / "x").mkdir()
+    with pytest.raises(PulseError, match="trace"):
+        cross_check(tmp_path / "x" / "missing")
+    r = CliRunner().invoke(main, ["diagnose", str(tmp_path / "x"), "--cross-check"])
+    assert r.exit_code in (1, 2) and "Traceback" not in r.output
