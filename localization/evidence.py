@@ -234,8 +234,8 @@ class Lateness:
         """Late findings inside the windows."""
         self.waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=p.waits_per_window * p.window_ops))
         self.all_waits: deque[float] = deque(maxlen=p.job_waits_window)
-        self.prev_end: dict[tuple[str, int], tuple[int, int]] = {}
-        """(comm, rank) -> (seq, end_ns) of its last judged operator."""
+        self.prev: dict[tuple[str, int], OpMetrics] = {}
+        """(comm, rank) -> its last judged operator's record."""
 
     def add(self, node: str, comm: str, f: Finding | None) -> None:
         lw = self.windows[(node, comm)]

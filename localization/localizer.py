@@ -219,7 +219,7 @@ class Localizer:
                                              ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i]))
         late = {rk: f for rk, f in cands.items() if not late_explained(ev, p, comm, seq, f, ordered)}
         for r in ordered:
-            ev.late.prev_end[(comm, r.rank)] = (seq, r.end_ns)
+            ev.late.prev[(comm, r.rank)] = r
         if len(ordered) >= p.late_min_ranks and j.judged:
             for i in j.judged:
                 r = ordered[i]

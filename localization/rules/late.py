@@ -32,6 +32,21 @@ from ..params import LocalizeParams
 from ..robust import median
 
 
+def _waited_for_receiver(p: LocalizeParams, own: OpMetrics, pred: OpMetrics) -> bool:
+    """Whether a predecessor's sends into a rank ended late because the rank itself held
+    them up: the rank issued its previous operator later than the predecessor (beyond the
+    skew bound), and the predecessor's end came later than the rank's own by more than its
+    record was active - its bytes sat waiting on the rank's closed receive window, not on a
+    slow wire (the lab's CPU-starved rank: its predecessor's sends ended 296 ms after the
+    rank's own with 10 ms of active time, which then excused the starved rank's next
+    lateness as a wait for the network). A slow link's late end is active time; a starved
+    predecessor's late end comes with the predecessor late itself."""
+    if own.t_host_ns is None or pred.t_host_ns is None:
+        return False
+    return (own.t_host_ns - pred.t_host_ns > p.clock_skew_ns
+            and pred.end_ns - own.end_ns > pred.act_ns + p.clock_skew_ns)
+
+
 def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Finding,
                    ordered: list[OpMetrics]) -> bool:
     """A late issue that follows a normal compute gap after a previous operator that
@@ -40,23 +55,24 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
     so it is asked before this operator's ends are recorded."""
     if p.late_gap_frac <= 0:
         return False
-    prev_end = ev.late.prev_end
+    prev_of = ev.late.prev
     gaps: dict[int, float] = {}
     mixed = False
     for r in ordered:
-        prev = prev_end.get((comm, r.rank))
-        if prev is None or prev[0] != seq - 1 or r.t_host_ns is None:
+        prev = prev_of.get((comm, r.rank))
+        if prev is None or prev.seq != seq - 1 or r.t_host_ns is None:
             return False  # no previous operator to measure the gap from: keep the finding
-        done = prev[1]
+        done = prev.end_ns
         # A rank whose own sends ended early still waits for the last chunk from its ring
         # predecessor (the lab's CPU-starved rank keeps its successor waiting while its
         # own predecessor's sends stall on a full receive window). The predecessor's end is
         # on its clock: only an end later than the rank's own by more than two clocks can
         # differ says it came last; within that, the rank's own end (its clock) stands.
         for pr in ev.topo.ring_predecessors(comm, r.rank):
-            pe = prev_end.get((comm, pr))
-            if pe is not None and pe[0] == seq - 1 and pe[1] - prev[1] > p.clock_skew_ns:
-                done = max(done, pe[1])
+            pe = prev_of.get((comm, pr))
+            if (pe is not None and pe.seq == seq - 1 and pe.end_ns - prev.end_ns > p.clock_skew_ns
+                    and not _waited_for_receiver(p, prev, pe)):
+                done = max(done, pe.end_ns)
                 mixed = True
         gaps[r.rank] = float(r.t_host_ns - done)
     if f.rank not in gaps or len(gaps) < 2:

@@ -102,14 +102,21 @@ def test_the_pipeline_peer_of_a_blamed_node_and_blamed_nodes_are_not_stragglers(
     assert late_hypotheses(ev, p, set(), set()) == {}
 
 
-def _gap_case(own_prev_end: int, pred_prev_end: int = 0, **kw):
+def _gap_case(own_prev_end: int, pred_prev_end: int = 0, own_prev_issue: int = -10 * MS,
+              pred_act: int = 320_000, **kw):
     """Rank 0 (ring c0 = 0 -> 1 -> ... -> 4) issues seq 5 at 55 ms, the others at 5 ms after
-    their previous operators ended at 0; rank 0's previous ended at ``own_prev_end`` and
-    its ring predecessor's (rank 4) at ``pred_prev_end``."""
+    their previous operators (issued at -10 ms) ended at 0; rank 0's previous (issued at
+    ``own_prev_issue``) ended at ``own_prev_end`` and its ring predecessor's (rank 4, active
+    ``pred_act``) at ``pred_prev_end``."""
     ev, p = evidence(**kw)
     ev.topo.add(synth.comm_events("c0", [0, 1, 2, 3, 4], ["mlx5_0"] * 5, 1))
-    ev.late.prev_end.update({("c0", r): (4, 0) for r in range(1, 4)})
-    ev.late.prev_end.update({("c0", 0): (4, own_prev_end), ("c0", 4): (4, pred_prev_end)})
+
+    def prev(r: int, end: int, issue: int = -10 * MS, act: int = 320_000):
+        return synth.record("c0", 4, r, r, kind="AllReduce", nranks=5, start=end - act, end=end, t_host=issue,
+                            nic="mlx5_0", act=act)
+    ev.late.prev.update({("c0", r): prev(r, 0) for r in range(1, 4)})
+    ev.late.prev.update({("c0", 0): prev(0, own_prev_end, own_prev_issue),
+                         ("c0", 4): prev(4, pred_prev_end, act=pred_act)})
     ordered = [synth.record("c0", 5, r, r, kind="AllReduce", nranks=5, start=60 * MS, end=61 * MS,
                             t_host=(55 if r == 0 else 5) * MS, nic="mlx5_0") for r in range(5)]
     f = finding(LATE, A, comm="c0", seq=5, rank=0, value=MS, ref=51 * MS, metric="issue_to_end_ns")
@@ -119,6 +126,17 @@ def _gap_case(own_prev_end: int, pred_prev_end: int = 0, **kw):
 def test_late_after_a_normal_gap_behind_a_late_previous_operator_waited_for_the_network():
     assert _gap_case(own_prev_end=50 * MS)
     assert _gap_case(own_prev_end=0, pred_prev_end=50 * MS)  # the last chunk came late from its predecessor
+    # the rank was late into its previous operator too, and its predecessor's last chunk
+    # came late over a slow wire (active all along): still the network
+    assert _gap_case(own_prev_end=0, pred_prev_end=50 * MS, own_prev_issue=30 * MS, pred_act=50 * MS)
+
+
+def test_a_predecessor_held_up_by_the_ranks_own_receive_window_is_no_excuse():
+    # The rank issued its previous operator 40 ms after the others, and its predecessor's
+    # sends into it ended 50 ms after the rank's own end with 0.32 ms of active time: they
+    # sat waiting for the rank to drain them (a CPU-starved receiver), so its next lateness
+    # after a long gap is its own.
+    assert not _gap_case(own_prev_end=0, pred_prev_end=50 * MS, own_prev_issue=30 * MS)
 
 
 def test_late_after_a_long_compute_gap_is_its_own():
