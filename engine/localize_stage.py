@@ -99,7 +99,7 @@ class LocalizeStage:
                 if hooks:
                     self.localizer.add_events(hooks)
                     hooks = []
-                self.localizer.observe_data_end(e.node, e.end_ns, e.nic_ends)
+                self.localizer.observe_data_end(e.node, e.end_ns, e.nic_ends, e.nic_tx)
                 if e.gaps:
                     self.localizer.observe_gaps(e.node, e.gaps)
                 self.data_end = max(self.data_end, e.end_ns)

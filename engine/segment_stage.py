@@ -85,6 +85,8 @@ class SegmentStage:
         self._jobs: dict[str, str] = {}
         self._data_end: dict[str, int] = {}
         self._nic_end: dict[str, dict[str, int]] = {}
+        self._nic_tx: dict[str, dict[str, int]] = {}
+        """node -> NIC -> end of the last epoch it transmitted in, not yet forwarded."""
         self._seen: dict[str, float] = {}
         """node -> wall time of its latest input (live runs only)."""
         self.forgotten = 0
@@ -113,6 +115,7 @@ class SegmentStage:
             self.nodes.pop(node, None)
             self._data_end.pop(node, None)
             self._nic_end.pop(node, None)
+            self._nic_tx.pop(node, None)
             self._told_gaps.pop(node, None)
             self.damage.pop(node, None)
         self.nodes.update(other.nodes)
@@ -120,6 +123,7 @@ class SegmentStage:
         self._jobs.update(other._jobs)
         self._data_end.update(other._data_end)
         self._nic_end.update(other._nic_end)
+        self._nic_tx.update(other._nic_tx)
         self._told_gaps.update(other._told_gaps)
         self.damage.update(other.damage)
 
@@ -129,8 +133,8 @@ class SegmentStage:
         fresh segmenter, as a node joining mid-run does."""
         gone = [n for n, t in self._seen.items() if now - t >= idle_s]
         for node in gone:
-            for table in (self.nodes, self._data_end, self._nic_end, self._told_gaps, self.damage, self._jobs,
-                          self._seen):
+            for table in (self.nodes, self._data_end, self._nic_end, self._nic_tx, self._told_gaps, self.damage,
+                          self._jobs, self._seen):
                 table.pop(node, None)  # type: ignore[attr-defined]
         self.forgotten += len(gone)
         return gone
@@ -178,6 +182,11 @@ class SegmentStage:
             nic_end = self._nic_end.setdefault(batch.node, {})
             if end > nic_end.get(batch.nic, -(1 << 62)):
                 nic_end[batch.nic] = end
+            tx_end = batch.tx_end_ns()
+            if tx_end is not None:
+                nic_tx = self._nic_tx.setdefault(batch.node, {})
+                if tx_end > nic_tx.get(batch.nic, -(1 << 62)):
+                    nic_tx[batch.nic] = tx_end
         self._forward_ends(ends, out)
         for seg in touched.values():
             self._emit(seg.run(), out)
@@ -196,9 +205,10 @@ class SegmentStage:
                 nics = self._nic_end.get(node)
                 # every NIC's end only when one lags: the usual message stays as small as v2's
                 lagging = nics is not None and len(nics) > 1 and min(nics.values()) < end
+                tx = self._nic_tx.pop(node, None)  # only what changed since the last one
                 out.forward(self.job_of(node), node,
                             DataEnd(job=self.job_of(node), node=node, end_ns=end, gaps=gaps or None,
-                                    nic_ends=dict(nics) if lagging and nics else None))
+                                    nic_ends=dict(nics) if lagging and nics else None, nic_tx=tx or None))
 
     def finish(self) -> SegmentOutput:
         """The end of the input: every segmenter closes what it still holds."""

@@ -392,6 +392,11 @@ class StopEvidence:
         """comm -> the last point-to-point seq with a record."""
         self.p2p_done: dict[str, int] = {}
         """comm -> the last point-to-point seq with a complete record."""
+        self.granting: set[tuple[str, int]] = set()
+        """(comm, rank) of sends whose receiver's credit grants show on the wire."""
+        self.ungranted: set[tuple[str, int, int]] = set()
+        """(comm, seq, rank) of incomplete sends on such flows that no grant reached: the
+        sender was not yet allowed to send, so its empty record says nothing of its NIC."""
 
     def note_recv(self, e: OpEvent) -> None:
         key = (e.comm_id, e.node)
@@ -404,6 +409,10 @@ class StopEvidence:
             self.p2p_seen[m.comm_id] = max(self.p2p_seen.get(m.comm_id, -1), m.seq)
             if m.complete:
                 self.p2p_done[m.comm_id] = max(self.p2p_done.get(m.comm_id, -1), m.seq)
+            if m.granted_ns is not None:
+                self.granting.add((m.comm_id, m.rank))
+            elif not m.complete and (m.comm_id, m.rank) in self.granting:
+                self.ungranted.add((m.comm_id, m.seq, m.rank))
 
 
 class RailEvidence:
@@ -456,6 +465,8 @@ class Evidence:
         """node -> how far its data (epoch batches, node clock) is known to extend."""
         self.nic_end: dict[str, dict[str, int]] = {}
         """node -> NIC -> its own data end, for nodes where some NIC's data lags the node's."""
+        self.nic_tx: dict[str, int] = {}
+        """node/nic -> end of the last epoch its NIC transmitted in (node clock)."""
         self.expects_data_end = False
         """True when data ends are fed (the engine): a node without one then has sent no
         epoch data at all, even when no node has (a bare ``localize()`` call may feed none)."""

@@ -84,11 +84,17 @@ class Localizer:
                 continue
             self.topo.add([e])
 
-    def observe_data_end(self, node: str, end_ns: int, nic_ends: dict[str, int] | None = None) -> None:
+    def observe_data_end(self, node: str, end_ns: int, nic_ends: dict[str, int] | None = None,
+                         nic_tx: dict[str, int] | None = None) -> None:
         """The node's data (epoch batches, node clock) is known to extend to ``end_ns``;
-        ``nic_ends``: each NIC's own end when some lag behind (None: every NIC reaches it)."""
+        ``nic_ends``: each NIC's own end when some lag behind (None: every NIC reaches it);
+        ``nic_tx``: the end of the last epoch some NICs transmitted in (the latest kept)."""
         if end_ns > self.ev.data_end.get(node, -(1 << 62)):
             self.ev.data_end[node] = end_ns
+        for nic, t in (nic_tx or {}).items():
+            ep = f"{node}/{nic}"
+            if t > self.ev.nic_tx.get(ep, -(1 << 62)):
+                self.ev.nic_tx[ep] = t
         if nic_ends:
             self.ev.nic_end[node] = dict(nic_ends)
         else:

@@ -230,13 +230,14 @@ class DataEnd(Record):
     of the input, and a receive that waits for ever from one posted a moment ago."""
 
     TYPE = "data-end"
-    VERSION = 3
+    VERSION = 4
     FIELDS = (
         Field("job", "str", check=_name("job", True)),
         Field("node", "str", check=_name("node")),
         Field("end_ns", "int", bounds=INT64),
         Field("gaps", "json", required=False, since=2, check=_gap_counts),
         Field("nic_ends", "json", required=False, since=3, check=_nic_ends),
+        Field("nic_tx", "json", required=False, since=4, check=_nic_ends),
     )
     job: str
     node: str
@@ -250,6 +251,11 @@ class DataEnd(Record):
     """How far each of the node's NICs' data reaches (v3). A NIC whose capture stopped
     publishing while the node's other NICs went on has a data end of its own: its operators
     after it are cut off, not stalled (a NIC that is down still publishes empty batches)."""
+    nic_tx: dict[str, int] | None = None
+    """The end of the last epoch in which each NIC transmitted a byte (any flow: data, a
+    receiver's clear-to-send), for the NICs that transmitted since the node's previous data
+    end (v4; readers keep the latest). A NIC that transmitted after a peer's grant was due
+    was up then: which end of a silent link stopped."""
 
 
 def decode_data_end(raw: bytes | bytearray | memoryview | str, where: str = "data-end") -> DataEnd:

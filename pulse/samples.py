@@ -97,6 +97,15 @@ class EpochBatch:
             return self.t0_ns
         return self.t0_ns + (int(self.epoch.max()) + 1) * self.epoch_ns
 
+    def tx_end_ns(self) -> int | None:
+        """End of the last epoch in which the NIC transmitted (None: it sent nothing)."""
+        if self.n_rows == 0:
+            return None
+        sent = self.epoch[self.tx_bytes > 0]
+        if sent.size == 0:
+            return None
+        return self.t0_ns + (int(sent.max()) + 1) * self.epoch_ns
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EpochBatch):
             return NotImplemented

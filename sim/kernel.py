@@ -39,7 +39,7 @@ from pulse.sim.kernel_state import (
     _hash01,
     _link_up,
     _poisson,
-    _rec,
+    _rec_cts,
 )
 
 
@@ -179,8 +179,8 @@ def _kernel(t_stop, st, rng, P, FP,
                     b = CTS_BYTES * cts_count[j]
                     tc = _link_up(t, onset, flap_period, flap_down,
                                   after and (nic_flap[conn_src_nic[c]] or nic_flap[conn_dst_nic[c]]))
-                    _rec(2 * c + 1, tc, b, 0, epoch, qa, orow, st)
-                    _rec(2 * c, tc, 0, b, epoch, qa, orow, st)
+                    _rec_cts(c, tc, b, after and nic_tx_f[conn_dst_nic[c]] == 0.0,
+                             after and nic_rx_f[conn_src_nic[c]] == 0.0, epoch, qa, orow, st)
                 if part_left[p] == 0:
                     part_end[p] = t
             else:
@@ -260,8 +260,8 @@ def _kernel(t_stop, st, rng, P, FP,
                     if ch_grants[fw]:
                         tc = _link_up(t, onset, flap_period, flap_down,
                                       after and (nic_flap[conn_src_nic[dc]] or nic_flap[conn_dst_nic[dc]]))
-                        _rec(2 * dc + 1, tc, CTS_BYTES, 0, epoch, qa, orow, st)
-                        _rec(2 * dc, tc, 0, CTS_BYTES, epoch, qa, orow, st)
+                        _rec_cts(dc, tc, CTS_BYTES, after and nic_tx_f[conn_dst_nic[dc]] == 0.0,
+                                 after and nic_rx_f[conn_src_nic[dc]] == 0.0, epoch, qa, orow, st)
         # 4. fair share of NIC capacity
         for k2 in range(n_nic):
             ntx[k2] = 0
@@ -402,8 +402,8 @@ def _kernel(t_stop, st, rng, P, FP,
                             if cons + LAT_NS < conn_wake[c]:
                                 conn_wake[c] = cons + LAT_NS
                             if ch_grants[h]:
-                                _rec(2 * c + 1, t, CTS_BYTES, 0, epoch, qa, orow, st)
-                                _rec(2 * c, t, 0, CTS_BYTES, epoch, qa, orow, st)
+                                _rec_cts(c, t, CTS_BYTES, after and nic_tx_f[conn_dst_nic[c]] == 0.0,
+                                         after and nic_rx_f[conn_src_nic[c]] == 0.0, epoch, qa, orow, st)
                 if wire > 0:
                     moved = True
                     # _rec of the data on both QPs, written out: this is the hottest spot and

@@ -105,6 +105,19 @@ def _rec(q, t, tx, rx, epoch, qa, orow, st):
 
 
 @numba.njit(cache=True, inline="always")
+def _rec_cts(c, t, b, recv_down, send_down, epoch, qa, orow, st):
+    """A clear-to-send of ``b`` bytes for data connection c: sent by its receiver (row
+    2c + 1, tx) and heard by its sender (row 2c, rx). A dead NIC neither sends nor hears
+    one: ``recv_down`` - the receiver's NIC cannot transmit (nothing on either row);
+    ``send_down`` - the sender's NIC cannot receive (only the receiver's tx)."""
+    if recv_down:
+        return
+    _rec(2 * c + 1, t, b, 0, epoch, qa, orow, st)
+    if not send_down:
+        _rec(2 * c, t, 0, b, epoch, qa, orow, st)
+
+
+@numba.njit(cache=True, inline="always")
 def _link_up(t, onset, period, down, flap):
     # a control message cannot cross a link that is down: it goes when the link is back
     if flap and t >= onset:

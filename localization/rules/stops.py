@@ -73,16 +73,51 @@ def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
     return out
 
 
+def grant_due(ev: Evidence, p: LocalizeParams, f: Finding, node: str) -> int | None:
+    """For a point-to-point send stalled without its receiver's grant, the moment by which
+    the grant was due at ``node``'s NIC, on its clock: at the receiver, its posted receive
+    (the clear-to-send leaves its NIC then); at the sender, that moment one skew bound
+    later (another node's clock). None when the receive was not posted (nothing was due)
+    or ``node`` is neither end."""
+    if (f.comm_id, f.seq, f.rank) not in ev.stops.ungranted:
+        return None
+    peers = {node_of(e) for e in f.peer_eps}
+    if len(peers) != 1:
+        return None
+    peer = next(iter(peers))
+    recv = ev.stops.last_recv.get((f.comm_id, peer))
+    if recv is None or recv[0] != f.seq:
+        return None
+    if node == peer:
+        return recv[2]
+    if node == f.node:
+        return recv[2] + p.clock_skew_ns
+    return None
+
+
 def alive_after(ev: Evidence, p: LocalizeParams, node: str, first: list[Finding]) -> int:
     """Points at which ``node``'s NICs on the stalled links moved bytes in another
     communicator after the first stall's last progress (plus the clock-offset margin). The
     margin also covers a record of the end's own, on its own clock: a stalled record's last
     byte may precede its NIC's death by however long it waited for its peer (tried without
-    it: sharded nic-down, ``tests/engine/test_shards.py``, named a healthy node)."""
+    it: sharded nic-down, ``tests/engine/test_shards.py``, named a healthy node).
+
+    Stalls that are all sends waiting for a posted receive's grant are read from the moment
+    the grant was due at ``node`` (:func:`grant_due`), and a NIC that transmitted anything
+    after it (its data end's ``nic_tx``: the receiver's own clear-to-send counts) was up
+    then: its end of the link did its part (the battery's nic-down: the receiver's NIC sent
+    its grant, the sender's dead NIC never heard it; sweep 23 #2 the other way round)."""
     eps = {f.endpoint for f in first if f.node == node}
     eps |= {e for f in first for e in f.peer_eps if node_of(e) == node}
     comms = {f.comm_id for f in first}
-    lo = min(f.end_ns for f in first) + p.rail_alive_margin_ns
+    due = [grant_due(ev, p, f, node) for f in first]
+    granted_path = bool(due) and all(d is not None for d in due)
+    if granted_path:
+        lo = min(d for d in due if d is not None)
+        if any(ev.nic_tx.get(ep, -(1 << 62)) > lo for ep in eps):
+            return p.rail_alive_min
+    else:
+        lo = min(f.end_ns for f in first) + p.rail_alive_margin_ns
     n = 0
     for ep in eps:
         ts, cs = ev.alive.points(ep)
@@ -138,13 +173,25 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     started = [f for f in stalls if (f.comm_id, f.seq) not in absent_ops]
     if started and len(started) < len(stalls):
         stalls = started
+    # A point-to-point send stalled at zero bytes without its receiver's grant says the
+    # link between the two broke, not at which end (the grant crosses it from the receiver,
+    # the data from the sender: a dead NIC at either end stops both). When other records
+    # stalled too, those say where: a dead NIC's own collective sends stall at zero beside
+    # its peers' partial ones.
+    granted = [f for f in stalls if (f.comm_id, f.seq, f.rank) not in ev.stops.ungranted]
+    if granted and len(granted) < len(stalls):
+        stalls = granted
     t0 = min(f.end_ns for f in stalls)
     first = [f for f in stalls if f.end_ns <= t0 + p.stall_first_ns]
     sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
     hits = Counter(n for s in sets for n in s)
     # ties between a sender and its receiver: the node that sent the least (its own
-    # stalled records, nearly empty) is where the traffic stopped
-    sent = Counter(f.node for f in first if f.value <= p.stop_frac)
+    # stalled records, nearly empty) is where the traffic stopped. Not a send whose
+    # receiver's grant never reached it: it was not allowed to send, and the receiving end
+    # has no record to compare (sweep 23 #2: a pipeline send into a dead NIC, stalled at
+    # zero bytes without its grant, named the sender)
+    sent = Counter(f.node for f in first
+                   if f.value <= p.stop_frac and (f.comm_id, f.seq, f.rank) not in ev.stops.ungranted)
     ranked = sorted(hits.items(), key=lambda kv: (-kv[1], -sent.get(kv[0], 0), kv[0]))
     best, nb = ranked[0]
     tied = [n for n, c in ranked if c == nb]

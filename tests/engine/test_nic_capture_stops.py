@@ -12,7 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import mutators as M
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pulse.engine import diagnose
 from pulse.sim import SimConfig, simulate
 
@@ -88,3 +91,46 @@ def test_data_end_v3_round_trip_and_refusals() -> None:
             decode_data_end(raw.replace(b'{"mlx5_0":5,"mlx5_1":2}', __import__("orjson").dumps(bad)))
     with pytest.raises(DecodeError):  # a v2 message may not carry v3's field
         decode_data_end(raw.replace(b'"v":3', b'"v":2'))
+
+
+def test_data_end_v4_carries_each_nics_last_transmission() -> None:
+    d = DataEnd(job="j", node="n", end_ns=9, nic_tx={"mlx5_0": 7})
+    raw = d.to_json()
+    assert b'"v":4' in raw and decode_data_end(raw) == d
+    with pytest.raises(DecodeError):  # a v3 message may not carry v4's field
+        decode_data_end(raw.replace(b'"v":4', b'"v":3'))
+    with pytest.raises(DecodeError):
+        decode_data_end(raw.replace(b'{"mlx5_0":7}', b'{"mlx5_0":"7"}'))
+    v3 = DataEnd(job="j", node="n", end_ns=5, nic_ends={"mlx5_0": 5})
+    assert b'"v":3' in v3.to_json()  # written at the lowest version that carries it
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(0, 3), st.integers(0, 2)), max_size=30),
+       st.integers(0, 1 << 40), st.sampled_from([16_000, 128_000]))
+def test_a_batch_knows_the_end_of_its_last_epoch_with_a_transmission(rows, t0, epoch_ns) -> None:
+    b = EpochBatch(node="n", nic="mlx5_0", t0_ns=t0, epoch_ns=epoch_ns, batch_seq=0,
+                   flow=np.array([r[1] for r in rows], np.uint32), epoch=np.array([r[0] for r in rows], np.uint32),
+                   tx_bytes=np.array([r[2] for r in rows], np.uint32), rx_bytes=np.ones(len(rows), np.uint32))
+    sent = [e for e, _f, tx in rows if tx > 0]
+    assert b.tx_end_ns() == (t0 + (max(sent) + 1) * epoch_ns if sent else None)
+
+
+def test_the_segment_stage_forwards_what_each_nic_last_transmitted() -> None:
+    from pulse.engine.segment_stage import SegmentStage
+
+    def batch(nic: str, seq: int, tx: list[int]) -> EpochBatch:
+        n = len(tx)
+        return EpochBatch(node="n", nic=nic, t0_ns=seq * 1_000_000, epoch_ns=100_000, batch_seq=seq,
+                          flow=np.zeros(n, np.uint32), epoch=np.arange(n, dtype=np.uint32),
+                          tx_bytes=np.array(tx, np.uint32), rx_bytes=np.full(n, 64, np.uint32), job="j")
+
+    stage = SegmentStage()
+
+    def ends(out) -> list[DataEnd]:
+        return [f for v in out.forwards.values() for f in v if isinstance(f, DataEnd)]
+    first = ends(stage.add(batches=[batch("mlx5_0", 0, [5, 0, 0]), batch("mlx5_1", 0, [0, 0, 9])]))
+    assert first[-1].nic_tx == {"mlx5_0": 100_000, "mlx5_1": 300_000}
+    # only what changed since: mlx5_1 received (a clear-to-send it never answered), sent nothing
+    nxt = ends(stage.add(batches=[batch("mlx5_0", 1, [0, 5]), batch("mlx5_1", 1, [0, 0, 0])]))
+    assert nxt[-1].nic_tx == {"mlx5_0": 1_200_000}

@@ -219,3 +219,52 @@ def test_a_send_stalled_at_zero_into_a_member_absent_from_the_operator_blames_th
     # without the absence, A's nearly empty stalled record makes A the stopped end
     ev.stops.absent.clear()
     assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+
+
+# -- a point-to-point send that never got its receiver's grant ------------------------------
+def _ungranted(ev, p, t_post: int):
+    """A -> B (communicator p, seq 5) stalled at zero bytes without B's grant; B posted the
+    receive at ``t_post`` (its clock)."""
+    _p2p(ev)
+    ev.stops.p2p_seen["p"] = 5
+    ev.stops.p2p_issued[("p", B)] = 5
+    ev.stops.last_recv[("p", B)] = (5, 1, t_post)
+    ev.stops.ungranted.add(("p", 5, 0))
+    ev.stops.stalls.append(finding(STALL, A, comm="p", seq=5, rank=0, value=0.0, metric="sent_fraction",
+                                   start=MS, end=MS, to=(ep(B),)))
+
+
+def test_a_send_without_its_grant_names_the_end_whose_nic_was_silent_when_it_was_due():
+    # the grant crosses the link from the receiver, the data from the sender: a dead NIC at
+    # either end leaves the send at zero without a grant, so that alone names nobody (it
+    # named the sender: sweep 23 #2, a pipeline send into a dead NIC)
+    ev, p = evidence()
+    _ungranted(ev, p, 2 * MS)
+    assert stop_hypotheses(ev, p) == {}
+    # the receiver's NIC transmitted after it posted the receive (its clear-to-send went out):
+    # the sender's end never heard it
+    ev.nic_tx[ep(B)] = 2 * MS + 1
+    got = stop_hypotheses(ev, p)
+    assert list(got) == [("network-stop", (A,))]
+    assert got[("network-stop", (A,))].extra == {"alive_after_stall": {B: p.rail_alive_min}}
+    # both ends transmitting after the grant was due: nothing tells them apart
+    ev.nic_tx[ep(A)] = 2 * MS + p.clock_skew_ns + 1
+    assert stop_hypotheses(ev, p) == {}
+
+
+def test_a_sender_whose_nic_went_on_after_the_grant_was_due_was_up():
+    ev, p = evidence()
+    _ungranted(ev, p, 2 * MS)
+    ev.nic_tx[ep(A)] = 2 * MS + p.clock_skew_ns // 2  # within the skew bound of the post: no proof
+    assert stop_hypotheses(ev, p) == {}
+    ev.nic_tx[ep(A)] = 2 * MS + p.clock_skew_ns + 1
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (B,))]
+
+
+def test_a_send_without_a_grant_gives_way_to_collective_stalls():
+    # a dead NIC's own collective send stalls at zero beside its peers' partial ones: those
+    # say where, the grant-less pipeline send only that the link broke
+    ev, p = evidence()
+    _ungranted(ev, p, 2 * MS)
+    ev.stops.stalls += [stall(C, D, end=MS), stall(D, C, sent=0.4, end=MS), stall(E, C, sent=0.4, end=MS)]
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (C,))]

@@ -71,3 +71,21 @@ def test_moe_imbalance_is_natural(tmp_path: Path) -> None:
             for q, sent in zip(e.peers, e.peer_send_bytes, strict=True):
                 other = ranks[q]
                 assert other.peer_recv_bytes[other.peers.index(r)] == sent
+
+
+def test_a_dead_nic_carries_nothing_after_the_onset(tmp_path: Path) -> None:
+    # neither data nor a clear-to-send: a receiver whose NIC is down cannot grant, and a
+    # sender whose NIC is down never hears a grant (the simulator recorded both once, which
+    # made a dead receiver look like one that granted: Pulse then blamed the sender)
+    out = tmp_path / "down"
+    simulate(SimConfig(scenario="nic-down", seed=3, nodes=8, gpus_per_node=2, nics_per_node=2, steps=4,
+                       onset_ms=150.0), out)
+    truth = read_truth(out)
+    node, nic = truth["culprit"]["nics"][0].split("/")
+    after = truth["onset_ns"] + truth["clock_offsets_ns"][node]
+    tr = TraceReader(out)
+    late_rows = 0
+    for b in tr.batches():
+        if b.node == node and b.nic == nic and b.n_rows:
+            late_rows += int(((b.t0_ns + b.epoch.astype("int64") * b.epoch_ns) >= after).sum())
+    assert late_rows == 0
