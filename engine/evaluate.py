@@ -80,13 +80,30 @@ def plan(scenarios: Iterable[str] | None, seeds: int, workload: str | None, heal
     return runs
 
 
-def simulate(run: Run, out: Path) -> None:
-    from pulse.cli import main
-    args = ["sim", "--scenario", run.scenario, "--seed", str(run.seed), "--workload", run.workload,
-            "--out", str(out), *run.sim_args]
+def sim_command(run: Run) -> list[str]:
+    """The ``pulse sim`` arguments of a run (without ``--out``)."""
+    args = ["sim", "--scenario", run.scenario, "--seed", str(run.seed), "--workload", run.workload, *run.sim_args]
     if run.severity is not None:
         args += ["--severity", repr(run.severity)]
-    main(args, standalone_mode=False)
+    return args
+
+
+def simulate(run: Run, out: Path) -> None:
+    from pulse.cli import main
+    main([*sim_command(run), "--out", str(out)], standalone_mode=False)
+
+
+def _made_by(trace: Path, run: Run) -> bool:
+    """Whether a kept trace was simulated for this very run: a sweep of another size or
+    seed draws other shapes under the same names (reusing them scored the wrong cluster)."""
+    try:
+        return orjson.loads(_sidecar(trace).read_bytes()) == sim_command(run)
+    except (OSError, orjson.JSONDecodeError):
+        return False
+
+
+def _sidecar(trace: Path) -> Path:
+    return trace.with_name(trace.name + ".run.json")
 
 
 def _complete(trace: Path) -> bool:
@@ -103,10 +120,12 @@ def run_one(run: Run, params: LocalizeParams, keep: Path | None = None,
     try:
         name = run.name or f"{run.scenario}-{run.workload}-s{run.seed}"
         trace = (keep / name) if keep else tmp / "trace"
-        if not (keep and _complete(trace)):
+        if not (keep and _complete(trace) and _made_by(trace, run)):
             if trace.exists():
                 shutil.rmtree(trace)
             simulate(run, trace)
+            if keep:
+                _sidecar(trace).write_bytes(orjson.dumps(sim_command(run)))
         res = diagnose(trace, params, baseline=True, network_only=network_only)
         truth = read_truth(trace)
         out = []

@@ -109,3 +109,24 @@ def test_a_tiny_sweep_end_to_end_and_a_replay_of_one_run(tmp_path: Path) -> None
     again = score(diagnose(out, LocalizeParams(clock_skew_ns=10_000_000)).verdicts, read_truth(out), method="pulse")
     assert (again.outcome, again.outcome_all, again.named) == (
         pulse_row["outcome"], pulse_row["outcome_all"], pulse_row["named"])
+
+
+def test_kept_traces_are_reused_only_for_the_run_that_made_them(tmp_path: Path) -> None:
+    # a sweep of the same seed at another size names its runs the same but draws other shapes
+    def lim(n: int) -> SweepLimits:
+        return SweepLimits(max_nodes=n, max_gpus_per_node=2, steps=6)
+    seed = next(s for s in range(1, 200) if draw(s, 0, lim(4)).scenario == draw(s, 0, lim(8)).scenario
+                and draw(s, 0, lim(4)).nodes != draw(s, 0, lim(8)).nodes)
+    keep = tmp_path / "keep"
+
+    def sweep(nodes: int) -> int:
+        args = ["eval", "--sweep", "1", "--sweep-seed", str(seed), "--max-nodes", str(nodes),
+                "--max-gpus-per-node", "2", "--sweep-steps", "6", "--jobs", "1", "--keep", str(keep), "--json"]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 0, r.output
+        drawn = orjson.loads(r.stdout)["runs"][0]["draw"]["nodes"]
+        (trace,) = [p for p in keep.iterdir() if p.is_dir()]
+        assert read_truth(trace)["sim"]["nodes"] == drawn  # scored on the cluster it drew
+        return drawn
+
+    assert sweep(4) != sweep(8)
