@@ -126,6 +126,32 @@ def alive_after(ev: Evidence, p: LocalizeParams, node: str, first: list[Finding]
     return n
 
 
+def silent_since_issue(ev: Evidence, stalls: list[Finding]) -> tuple[str, list[Finding]] | None:
+    """The one node whose stalled record sent nothing and whose NIC transmitted nothing from
+    before that operator's issue on (its data ends' ``nic_tx``, its own clock: no skew): its
+    NIC was dead when the operator began. Only each communicator's first stalled operator
+    counts (later ones queue behind it and send nothing either), and not a send that never
+    got its grant (it was not allowed to send). Any number of peers, trees included: a
+    13-rank tree AllReduce around a dead leaf stalls every rank within a millisecond, and
+    the node on the most stalled links was a relay (the dead NIC last transmitted 10 ms
+    before the onset, every other one until 14 ms after it). None when no node, or more
+    than one, is silent so."""
+    first_seq: dict[str, int] = {}
+    for f in stalls:
+        first_seq[f.comm_id] = min(first_seq.get(f.comm_id, f.seq), f.seq)
+    told = {ep.split("/", 1)[0] for ep in ev.nic_tx}
+    silent: dict[str, list[Finding]] = {}
+    for f in stalls:
+        if (f.seq != first_seq[f.comm_id] or f.value > 0.0 or f.node not in told
+                or (f.comm_id, f.seq, f.rank) in ev.stops.ungranted):
+            continue
+        if ev.nic_tx.get(f.endpoint, -(1 << 62)) < f.start_ns:
+            silent.setdefault(f.node, []).append(f)
+    if len(silent) != 1:
+        return None
+    return next(iter(silent.items()))
+
+
 def compute_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     """The node that stopped issuing operators, if the first absences name one."""
     st = ev.stops
@@ -183,6 +209,12 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
         stalls = granted
     t0 = min(f.end_ns for f in stalls)
     first = [f for f in stalls if f.end_ns <= t0 + p.stall_first_ns]
+    dead = silent_since_issue(ev, stalls)
+    if dead is not None:
+        node, own = dead
+        return {("network-stop", (node,)): make_hypothesis(
+            p, "network-stop", "node", (node,), own,
+            extra={"silent_since_issue": sorted({f"{f.comm_id}#{f.seq}" for f in own})[:8]})}
     sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
     hits = Counter(n for s in sets for n in s)
     # ties between a sender and its receiver: the node that sent the least (its own

@@ -268,3 +268,46 @@ def test_a_send_without_a_grant_gives_way_to_collective_stalls():
     _ungranted(ev, p, 2 * MS)
     ev.stops.stalls += [stall(C, D, end=MS), stall(D, C, sent=0.4, end=MS), stall(E, C, sent=0.4, end=MS)]
     assert list(stop_hypotheses(ev, p)) == [("network-stop", (C,))]
+
+
+# -- a NIC silent since before its own stalled operator began ------------------------------
+def _tree(ev):
+    """A 5-node tree operator stalled everywhere within a millisecond: relay C (4 links)
+    sent a little, leaf A and root E nothing."""
+    ev.stops.stalls += [
+        finding(STALL, A, seq=3, value=0.0, metric="sent_fraction", start=2 * MS, end=2 * MS, to=(ep(C),)),
+        finding(STALL, E, seq=3, rank=4, value=0.0, metric="sent_fraction", start=2 * MS, end=2 * MS,
+                to=(ep(C), ep(D))),
+        finding(STALL, C, seq=3, rank=2, value=0.1, metric="sent_fraction", start=MS, end=3 * MS,
+                to=(ep(A), ep(B), ep(D), ep(E))),
+        finding(STALL, B, seq=3, rank=1, value=0.1, metric="sent_fraction", start=MS, end=3 * MS, to=(ep(C),)),
+        finding(STALL, D, seq=3, rank=3, value=0.1, metric="sent_fraction", start=MS, end=3 * MS,
+                to=(ep(C), ep(E)))]
+
+
+def test_the_node_whose_nic_went_silent_before_its_operator_began_is_the_stop():
+    ev, p = evidence()
+    _tree(ev)
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (C,))]  # the relay: most stalled links
+    # every NIC told what it last transmitted: A's before it issued the operator (dead),
+    # the root's after (it had nothing to send yet, but was up)
+    ev.nic_tx.update({ep(A): MS, ep(E): 5 * MS, ep(B): 4 * MS, ep(C): 4 * MS, ep(D): 4 * MS})
+    got = stop_hypotheses(ev, p)
+    assert list(got) == [("network-stop", (A,))]
+    assert got[("network-stop", (A,))].extra == {"silent_since_issue": ["c0#3"]}
+
+
+def test_silence_is_only_read_where_it_says_something():
+    ev, p = evidence()
+    _tree(ev)
+    ev.nic_tx.update({ep(B): 4 * MS, ep(C): 4 * MS, ep(D): 4 * MS})
+    # A and E never told what they transmitted (no data end with nic_tx): nothing read
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (C,))]
+    # both zero senders silent: nothing tells which one is dead
+    ev.nic_tx.update({ep(A): MS, ep(E): MS})
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (C,))]
+    # a later operator of the communicator queues behind the stalled one: its silence is not read
+    ev.nic_tx[ep(E)] = 5 * MS
+    ev.stops.stalls.append(finding(STALL, B, seq=4, rank=1, value=0.0, metric="sent_fraction",
+                                   start=6 * MS, end=6 * MS, to=(ep(C),)))
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
