@@ -26,13 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from pulse.events import GROUPED, P2P, OpEvent
+from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .alive import AlivePoints
 from .observations import Finding, LinkObs
 from .params import LocalizeParams
 from .robust import MAD_TO_SIGMA, RollingRef, mad, median
+from .stop_evidence import StopEvidence
 from .topology import Topology
 
 Link = tuple[str, str]
@@ -374,45 +375,6 @@ class LateBaselines:
             nodes = frozenset(r.node for r in ordered)
             self.rise_nodes[shape].extend(nodes for _ in rises)
         return out
-
-
-class StopEvidence:
-    """Stalled records, members absent from operators their peers are stuck in, and the
-    point-to-point state: the receiver's side of a send has no record of its own (it sends
-    no data), so its posted receives (hook events) say who waits for what."""
-
-    def __init__(self) -> None:
-        self.stalls: list[Finding] = []
-        self.absent: list[Finding] = []
-        self.last_recv: dict[tuple[str, str], tuple[int, int, int]] = {}
-        """(comm, node) -> (seq, rank, t_host_ns) of the last receive it posted with a time."""
-        self.p2p_issued: dict[tuple[str, str], int] = {}
-        """(comm, node) -> the last receive that node's rank posted there (its seq)."""
-        self.p2p_seen: dict[str, int] = {}
-        """comm -> the last point-to-point seq with a record."""
-        self.p2p_done: dict[str, int] = {}
-        """comm -> the last point-to-point seq with a complete record."""
-        self.granting: set[tuple[str, int]] = set()
-        """(comm, rank) of sends whose receiver's credit grants show on the wire."""
-        self.ungranted: set[tuple[str, int, int]] = set()
-        """(comm, seq, rank) of incomplete sends on such flows that no grant reached: the
-        sender was not yet allowed to send, so its empty record says nothing of its NIC."""
-
-    def note_recv(self, e: OpEvent) -> None:
-        key = (e.comm_id, e.node)
-        self.p2p_issued[key] = max(self.p2p_issued.get(key, -1), e.seq)
-        if e.t_host_ns is not None and e.rank is not None:
-            self.last_recv[key] = (e.seq, e.rank, e.t_host_ns)
-
-    def note_record(self, m: OpMetrics) -> None:
-        if m.kind in P2P:
-            self.p2p_seen[m.comm_id] = max(self.p2p_seen.get(m.comm_id, -1), m.seq)
-            if m.complete:
-                self.p2p_done[m.comm_id] = max(self.p2p_done.get(m.comm_id, -1), m.seq)
-            if m.granted_ns is not None:
-                self.granting.add((m.comm_id, m.rank))
-            elif not m.complete and (m.comm_id, m.rank) in self.granting:
-                self.ungranted.add((m.comm_id, m.seq, m.rank))
 
 
 class RailEvidence:
