@@ -4,6 +4,7 @@ and the operator-level baseline on each trace, score both against the ground tru
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -14,7 +15,7 @@ from typing import Any
 import orjson
 from pulse.localization import LocalizeParams, ScenarioScore, Summary, score, summarize
 
-from pulse.errors import ConfigError
+from pulse.errors import ConfigError, TraceError
 from pulse.trace import read_truth
 
 from .diagnose import diagnose
@@ -90,7 +91,10 @@ def sim_command(run: Run) -> list[str]:
 
 def simulate(run: Run, out: Path) -> None:
     from pulse.cli import main
-    main([*sim_command(run), "--out", str(out)], standalone_mode=False)
+    # the command prints its own one-line error and returns its exit code (not standalone)
+    rc = main([*sim_command(run), "--out", str(out)], standalone_mode=False)
+    if rc:
+        raise TraceError(f"pulse {shlex.join(sim_command(run))} failed (exit {rc}): see the error above")
 
 
 def _made_by(trace: Path, run: Run) -> bool:

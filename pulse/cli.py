@@ -77,6 +77,11 @@ class LazyGroup(click.Group):
         except PulseError as exc:
             click.echo(f"error: {exc}", err=True)
             ctx.exit(1)
+        except OSError as exc:
+            # the machine's, not Pulse's: a full disk, a missing permission - one line
+            where = f" ({exc.filename})" if exc.filename else ""
+            click.echo(f"error: {exc.strerror or exc}{where}", err=True)
+            ctx.exit(1)
 
 
 @click.group(cls=LazyGroup, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})

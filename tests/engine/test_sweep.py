@@ -130,3 +130,19 @@ def test_kept_traces_are_reused_only_for_the_run_that_made_them(tmp_path: Path) 
         return drawn
 
     assert sweep(4) != sweep(8)
+
+
+def test_a_simulation_that_fails_stops_the_evaluation_with_its_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a full disk: the sim command said so and returned 1, and the evaluation went on to
+    # read the half-written trace
+    from pulse.trace import TraceWriter
+
+    def full(self, batch) -> None:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(TraceWriter, "write_batch", full)
+    small = ["--nodes", "4", "--gpus-per-node", "1", "--nics-per-node", "1", "--pp", "1", "--steps", "4"]
+    r = CliRunner().invoke(main, ["eval", "--scenarios", "gpu-slow", "--seeds", "1", "--jobs", "1",
+                                  *(f"--sim-arg={a}" for a in small)])
+    assert r.exit_code == 1, r.output
+    assert "error: No space left on device" in r.stderr
+    assert "failed (exit 1)" in r.stderr.splitlines()[-1] and "Traceback" not in r.output

@@ -92,6 +92,19 @@ def test_pulse_error_is_one_line_and_exit_1(exc: PulseError) -> None:
     assert r.stdout == ""
 
 
+@pytest.mark.parametrize(("exc", "line"), [
+    (OSError(28, "No space left on device"), "error: No space left on device\n"),
+    (PermissionError(13, "Permission denied", "/x/y"), "error: Permission denied (/x/y)\n")])
+def test_the_machines_errors_are_one_line_and_exit_1(exc: OSError, line: str) -> None:
+    # a full disk under `pulse eval --sweep` printed a 60-line traceback
+    @click.command("full")
+    def full() -> None:
+        raise exc
+
+    r = CliRunner().invoke(_group_with(full), ["full"])
+    assert r.exit_code == 1 and r.stderr == line and r.stdout == ""
+
+
 def test_other_exceptions_are_not_swallowed() -> None:
     @click.command("bug")
     def bug() -> None:
