@@ -134,3 +134,12 @@ def test_the_segment_stage_forwards_what_each_nic_last_transmitted() -> None:
     # only what changed since: mlx5_1 received (a clear-to-send it never answered), sent nothing
     nxt = ends(stage.add(batches=[batch("mlx5_0", 1, [0, 5]), batch("mlx5_1", 1, [0, 0, 0])]))
     assert nxt[-1].nic_tx == {"mlx5_0": 1_200_000}
+
+
+def test_a_dead_nic_is_named_by_its_silence_not_its_ring_neighbour(tmp_path: Path) -> None:
+    # seed 4: the dead NIC's ring predecessor stalls at zero bytes first (no credit from
+    # it), and "the node that sent the least" named that healthy predecessor; the dead
+    # NIC transmitted nothing from before the operator's issue on, the predecessor's did
+    simulate(SimConfig(scenario="nic-down", seed=4, **SIZE), tmp_path / "down")  # type: ignore[arg-type]
+    truth = read_truth(tmp_path / "down")
+    assert named(tmp_path / "down") == {("network-stop", tuple(truth["culprit"]["nodes"]))}
