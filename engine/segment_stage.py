@@ -103,8 +103,9 @@ class SegmentStage:
         seg = self.nodes.get(node)
         if seg is None:
             seg = self.nodes[node] = NodeSegmenter(node, self.params)
-            if self._comms:
-                seg.add_events(list(self._comms.values()))
+            own = [e for e in self._comms.values() if e.node == node]
+            if own:
+                seg.add_events(own)
         return seg
 
     def adopt(self, other: SegmentStage, drop: Iterable[str] = ()) -> None:
@@ -223,22 +224,30 @@ class SegmentStage:
     def _add_events(self, hooks: dict[str, list[HookEvent]], out: SegmentOutput) -> dict[str, NodeSegmenter]:
         """Take a chunk's hook events in; returns the segmenters that must run."""
         touched: dict[str, NodeSegmenter] = {}
-        # Comm events reach every node's segmenter (ring orders are per communicator, not
-        # per node): all of the chunk's at once, one add_events per segmenter (one per
-        # event and segmenter cost ~0.5 s of CPU at the start of a 64-GPU job).
+        # A node's comm events reach its own segmenter only: a rank's flows and ops are on
+        # its node, and the association looks a rank's comm event up by (comm, rank). All
+        # of the chunk's at once, one add_events per segmenter (one per event cost ~0.5 s
+        # of CPU at the start of a 64-GPU job; every node's segmenter holding the whole
+        # job's membership cost O(nodes x communicators) memory).
         comms = [e for evs in hooks.values() for e in evs if isinstance(e, CommEvent)]
         if comms:
+            per_node: dict[str, list[HookEvent]] = {}
             for c in comms:
                 self._note_job(c.node, c.job)
                 if c.rank is not None:  # a comm known by pointer only (v2): its rank comes later
                     self._comms[(c.comm_id, c.node, c.rank)] = c
                 out.forward(c.job, c.node, c)
-            for seg in list(self.nodes.values()):
-                self._emit(seg.add_events(comms, run=False), out)
-                touched[seg.node] = seg
-            for c in comms:  # a new node's segmenter starts with every comm known
-                if c.node not in self.nodes:
-                    self.segmenter(c.node)
+                per_node.setdefault(c.node, []).append(c)
+            for node, evs in per_node.items():
+                if node in self.nodes:
+                    seg = self.nodes[node]
+                    self._emit(seg.add_events(evs, run=False), out)
+                else:  # a new node's segmenter starts with its ranked comms known so far
+                    seg = self.segmenter(node)
+                    unranked = [e for e in evs if isinstance(e, CommEvent) and e.rank is None]
+                    if unranked:
+                        self._emit(seg.add_events(unranked, run=False), out)
+                touched[node] = seg
         for node, evs in hooks.items():
             self.events += len(evs)
             rest = [e for e in evs if not isinstance(e, CommEvent)]

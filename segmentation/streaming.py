@@ -87,14 +87,19 @@ class NodeSegmenter:
 
     # ---- hook events -------------------------------------------------------------------
     def add_events(self, events: Iterable[CommEvent | FlowEvent | OpEvent], *, run: bool = True) -> list[OpMetrics]:
-        """Take hook events (other nodes' flow/op events are ignored); returns metrics of
+        """Take hook events (other nodes' events are ignored); returns metrics of
         operators that the new descriptors allowed to close.
 
         ``run=False`` only takes them in (the flows they concern are marked to run): a
         caller that also has batches at hand runs once after both, as with ``update``."""
         changed = topology = False
         moved: set[tuple[str, int]] = set()
-        for ev in self._rank_filler.feed(events):
+        # Another node's comm events name ranks this node's flows and ops never have (a
+        # rank's flows and ops are on its own node): keeping them cost every node's
+        # segmenter the whole job's membership, O(nodes x communicators) (1,024 nodes of a
+        # 1,023-communicator job held 400 MiB, tests/streams/test_hostile_input.py)
+        mine = [ev for ev in events if not (isinstance(ev, CommEvent) and ev.node != self.node)]
+        for ev in self._rank_filler.feed(mine):
             if isinstance(ev, CommEvent):
                 self._comms.append(ev)
                 changed = topology = True
