@@ -101,6 +101,14 @@ def test_a_relay_is_slow_only_beyond_the_shapes_healthy_stretch():
     assert not out.findings and not any(lk.slow for lk in out.links)
     _judge_act(_view_peers([8, 4, 4, 4], [1, 1, 1, 1]), P, ref, out)
     assert [f.node for f in out.findings] == ["n0"]
+    # nor is a record that moved one flow, whatever peers its rank has flows to (Gloo binds
+    # one to every peer; the lab-loss recording's culprit was missed)
+    import dataclasses
+    v = _view_peers([8, 4, 4, 4], [3, 1, 1, 1])
+    v.recs = [dataclasses.replace(r, flows=1) for r in v.recs]
+    out = Judgement()
+    _judge_act(v, P, ref, out)
+    assert [f.node for f in out.findings] == ["n0"]
     # beyond the stretch it is slow
     out = Judgement()
     _judge_act(_view_peers([10, 4, 4, 4], [3, 1, 1, 1]), P, ref, out, stretch=2.0)
