@@ -288,13 +288,13 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
     # in the first operators, 'host contention' on a healthy node). A record that moved
     # one flow is no relay whatever peers its rank has flows to (Gloo binds one to every
     # peer): it keeps the quantisation bound meanwhile (the lab-loss recording's culprit).
-    healthy = stretch * ref if stretch is not None else 0.0
-    unknown = stretch is None
+    relay_max = stretch * ref if stretch is not None else None
     amax = max(act)
     top_from = amax - max(epoch, p.act_top_frac * amax)
     vol = [float(r.volume_bytes) / max(float(r.expected_bytes), 1.0) if r.expected_bytes > 0 else 1.0
            for r in recs]
-    slow = [a >= bound and (len(view.peer_eps[i]) < 2 or (a > healthy and not (unknown and recs[i].flows > 1)))
+    slow = [a >= bound and (len(view.peer_eps[i]) < 2
+                            or (a > relay_max if relay_max is not None else recs[i].flows < 2))
             for i, a in enumerate(act)]
     resent = [v >= 1.0 + p.vol_excess for v in vol]
     slow_op = any(slow) or any(resent)
