@@ -189,7 +189,18 @@ class Localizer:
                 if all(pr in known for pr in peers):  # else the records' own nodes were used
                     self._peer_eps[pkey] = pe
             peer_eps.append(pe)
-        return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps, self._stalled(ordered))
+        own = {r.rank: ep for r, ep in zip(ordered, endpoints, strict=True)}
+
+        def endpoint_of(rank: int) -> str:
+            ep = own.get(rank)
+            return ep if ep is not None else self._endpoint(comm, rank, members.get(rank, "?"))
+
+        def egress_busy(i: int) -> bool:
+            r = ordered[i]
+            return self.ev.alive.busy(endpoints[i], r.start_ns, r.end_ns, comm)
+
+        return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps, self._stalled(ordered),
+                      endpoint_of, egress_busy)
 
     def _stalled(self, ordered: list[OpMetrics]) -> list[bool]:
         """Which records of one operator stalled. A record whose NIC's data ended early (its

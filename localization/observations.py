@@ -30,6 +30,7 @@ in between; see docs/localization.md, "Clock skew".
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -130,6 +131,10 @@ class OpView:
     peer_eps: list[tuple[str, ...]]
     stalled: list[bool]
     """Per record: incomplete and without progress for long enough to be a stall."""
+    endpoint_of: Callable[[int], str] | None = None
+    """The endpoint of any member rank (for records that name their peers one by one)."""
+    egress_busy: Callable[[int], bool] | None = None
+    """Per record index: whether another communicator's record shared its NIC meanwhile."""
 
     def col(self, name: str) -> np.ndarray:
         return np.array([getattr(r, name) for r in self.recs], dtype=np.float64)
@@ -315,9 +320,12 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
 def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Judgement) -> None:
     """``rate_ref``: the job-wide median rank-level rate of grouped operators of this size.
     A rank at a normal rate (vs that reference and its peers) marks its links clean; one
-    below it says nothing about *which* of its links is slow (see ``rate_blame``)."""
+    below it says nothing about *which* of its links is slow (see ``rate_blame``). Records
+    that carry per-peer figures are judged link by link instead (:func:`_judge_peer_rates`)."""
     rate = view.col("active_rate")
     if rate.size < p.min_ranks:
+        return
+    if _judge_peer_rates(view, p, out):
         return
     loo = leave_one_out_medians(rate)
     exp = view.col("expected_bytes")
@@ -337,6 +345,79 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
             out.links.append(_link(view, i, d, blamed, f))
         if f is not None:
             out.findings.append(f)
+
+
+def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
+    """Grouped P2P with per-peer figures on every record, judged link by link. An
+    all-to-all ends together on every rank (each sender's last flow is the one into the
+    slowest receiver), so rank-level figures cannot say which NIC is slow; per peer they
+    can. A link's rate is bytes / time from its sender's first byte to its last byte to
+    that peer (one clock), taken an epoch shorter (the quantisation bound), against the
+    operator's median link. A NIC that lost capacity is slow both ways: the medians of its
+    links out and of its links in are both below ``rate_ratio`` of the operator's, while
+    every other endpoint has one slow link each way (into and out of it). A receiver
+    whose downlink also carries another communicator's traffic (a pipeline stage's
+    activations) is slow only inward; one whose NIC sent another communicator's records
+    meanwhile (its own clock) is not taken as slow out: its egress was shared. A link is
+    slow when its own rate is below the bar and an end of it is slow both ways; the link
+    rules then find the node on all of them. Returns False (nothing judged) when a
+    record lacks the figures."""
+    if view.endpoint_of is None or any(r.peer_ranks is None for r in view.recs):
+        return False
+    epoch = float(view.recs[0].epoch_ns)
+    src_l: list[str] = []
+    dst_l: list[str] = []
+    idx: list[int] = []
+    nb_l: list[float] = []
+    done_l: list[float] = []
+    for i, r in enumerate(view.recs):
+        me = view.endpoints[i]
+        for pr, t, b in zip(r.peer_ranks, r.peer_done_ns, r.peer_bytes, strict=True):  # type: ignore[arg-type]
+            dst = view.endpoint_of(pr)
+            if t <= 0 or b <= 0 or dst.split("/", 1)[0] in (r.node, "?"):
+                continue  # no wire between them (or the peer's node is not known yet)
+            src_l.append(me)
+            dst_l.append(dst)
+            idx.append(i)
+            nb_l.append(float(b))
+            done_l.append(float(t))
+    if len(nb_l) < p.min_ranks:
+        return False
+    nb = np.array(nb_l)
+    done = np.array(done_l)
+    point = nb / done
+    ref = median(point)
+    if ref <= 0:
+        return False
+    hi = nb / np.maximum(done - epoch, epoch)
+    busy = {view.endpoints[i] for i in set(idx) if view.egress_busy is not None and view.egress_busy(i)}
+    both = _slow_both_ways(src_l, dst_l, hi, p.rate_ratio * ref) - busy
+    exp = view.col("expected_bytes")
+    vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
+    resent = {i: _finding(view, i, ACT, "volume_ratio", v, 1.0) for i, v in enumerate(vol.tolist())
+              if p.grouped_resent and v >= 1.0 + p.vol_excess}
+    out.findings += resent.values()
+    for k, i in enumerate(idx):
+        f = resent.get(i)
+        if f is None and hi[k] < p.rate_ratio * ref and (src_l[k] in both or dst_l[k] in both):
+            f = dataclasses.replace(_finding(view, i, ACT, "peer_rate", point[k], ref), peer_eps=(dst_l[k],))
+            out.findings.append(f)
+        elif f is None and point[k] < p.rate_ratio * ref:
+            continue  # a slow link at an end that is not slow both ways: says nothing
+        out.links.append(_link(view, i, dst_l[k], f is not None, f))
+    return True
+
+
+def _slow_both_ways(src: list[str], dst: list[str], hi: np.ndarray, bar: float) -> set[str]:
+    """Endpoints the median of whose links out, and of whose links in, are below ``bar``
+    (each link at the highest rate its epochs allow)."""
+    def medians(ends: list[str]) -> dict[str, float]:
+        keys, inv = np.unique(np.array(ends), return_inverse=True)
+        order = np.argsort(inv, kind="stable")
+        cuts = np.flatnonzero(np.diff(inv[order])) + 1
+        return {k: float(np.median(part)) for k, part in zip(keys.tolist(), np.split(hi[order], cuts), strict=True)}
+    out_m, in_m = medians(src), medians(dst)
+    return {e for e, m in out_m.items() if m < bar and in_m.get(e, bar) < bar}
 
 
 def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:

@@ -47,6 +47,9 @@ class OpMetrics(Record):
         Field("group", "int", required=False, bounds=NONNEG),
         Field("t_host_ns", "int", required=False, bounds=INT64),
         Field("granted_ns", "int", required=False, bounds=INT64),
+        Field("peer_ranks", "list[int]", required=False),
+        Field("peer_done_ns", "list[int]", required=False),
+        Field("peer_bytes", "list[int]", required=False),
     )
     job: str
     node: str
@@ -76,11 +79,27 @@ class OpMetrics(Record):
     """When its receiver's credit grant (a CTS burst) reached this rank's NIC before the
     operator's first data, node clock (wire evidence that the NIC was receiving then;
     absent when not seen: no rx counters, or the grant came while data still flowed)."""
+    peer_ranks: list[int] | None = None
+    """Grouped P2P (all-to-all), complete records only: the peers this rank sent to, and
+    per peer (same order) when its last byte to that peer left, ns after ``start_ns`` (this
+    rank's clock alone), and the bytes sent to it. An all-to-all's rank-level figures
+    hide a slow NIC (every sender's last flow goes into it, so every rank ends with it);
+    which peer each sender finished last is what names it."""
+    peer_done_ns: list[int] | None = None
+    peer_bytes: list[int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.end_ns < self.start_ns:
             raise DecodeError(f"op-metrics: end_ns {self.end_ns} < start_ns {self.start_ns}")
+        per = (self.peer_ranks, self.peer_done_ns, self.peer_bytes)
+        if any(x is not None for x in per):
+            if any(x is None for x in per) or len({len(x) for x in per}) != 1:  # type: ignore[arg-type]
+                raise DecodeError("op-metrics: peer_ranks, peer_done_ns and peer_bytes go together, of one length")
+            if min((*self.peer_done_ns, *self.peer_bytes, *self.peer_ranks), default=0) < 0:  # type: ignore[misc]
+                raise DecodeError("op-metrics: negative per-peer figure")
+            if max(self.peer_done_ns, default=0) > self.duration_ns:  # type: ignore[arg-type]
+                raise DecodeError("op-metrics: a peer's last byte after the record's end")
 
 
 @dataclasses.dataclass(frozen=True)

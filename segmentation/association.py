@@ -40,6 +40,9 @@ class OpInfo:
     """Bytes each of ``flows`` carries for this operator (the volume condition)."""
     ambiguous: bool = False
     """algo was unknown and both ring and tree patterns fit (ring was assumed)."""
+    flow_peers: list[int] | None = None
+    """Grouped P2P only: the peer rank each of ``flows`` sends to (per-peer figures,
+    :func:`pulse.segmentation.metrics.peer_figures`)."""
 
     @property
     def expected_bytes(self) -> int:
@@ -286,17 +289,19 @@ def _infer_algo(op: OpEvent, rk: _Rank) -> tuple[str, bool]:
     return ("tree" if tree else "ring"), False
 
 
-def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], list[int], bool]:
+def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], list[int], bool, list[int] | None]:
+    """(algo, send flows, bytes each carries, whether algo was ambiguous, and for grouped
+    P2P the peer rank of each flow)."""
     assert op.rank is not None
     S = op.bytes
     kind = op.kind
     if kind in ("Send", "Recv"):
         if kind == "Recv":
-            return "p2p", [], [], False  # data arrives on recv flows; send flows carry none
+            return "p2p", [], [], False, None  # data arrives on recv flows; send flows carry none
         conns = [c for (p, _), c in sorted(rk.conns.items()) if p == op.peer]
         nch = op.nchannels or len(conns)
         conns = conns[:nch]
-        return ("p2p", *_split(S / nch, conns), False) if conns else ("p2p", [], [], False)
+        return ("p2p", *_split(S / nch, conns), False, None) if conns else ("p2p", [], [], False, None)
     if kind == GROUPED:
         peers = op.peers or []
         send = op.peer_send_bytes
@@ -304,6 +309,7 @@ def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], 
             send = [S // len(peers)] * len(peers) if peers else []
         flows: list[FlowKey] = []
         expected: list[int] = []
+        flow_peers: list[int] = []
         for peer, nbytes in zip(peers, send, strict=True):
             if nbytes <= 0:
                 continue
@@ -314,14 +320,15 @@ def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], 
                 f, e = _split(nbytes / nch, conns)
                 flows += f
                 expected += e
-        return "p2p", flows, expected, False
+                flow_peers += [peer] * len(f)
+        return "p2p", flows, expected, False, flow_peers
     algo, ambiguous = _infer_algo(op, rk)
     nch = op.nchannels or (len(rk.channels) or 1)
     n = nranks
     if n <= 1:
-        return algo, [], [], ambiguous
+        return algo, [], [], ambiguous, None
     if kind == "AllReduce" and algo == "tree":
-        return algo, *_split(S / nch, rk.tree_conns(op.nchannels)), ambiguous
+        return algo, *_split(S / nch, rk.tree_conns(op.nchannels)), ambiguous, None
     conns = rk.ring_conns(op.rank, op.nchannels)
     if kind == "AllReduce":
         per = 2 * (n - 1) / n * S / nch
@@ -334,7 +341,7 @@ def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], 
         if kind == "Broadcast":
             conns = [c for c in conns if c.peer != root]
         per = S / nch
-    return algo, *_split(per, conns), ambiguous
+    return algo, *_split(per, conns), ambiguous, None
 
 
 def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
@@ -343,12 +350,13 @@ def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
     rk = ranks.get((op.comm_id, op.rank)) or _Rank({}, None)
     comm = comms.get((op.comm_id, op.rank))
     nranks = op.nranks or (comm.nranks if comm else 1)
-    algo, flows, expected, ambiguous = _op_flows(op, rk, nranks)
-    keep = [(f, e) for f, e in zip(flows, expected, strict=True) if e > 0]
+    algo, flows, expected, ambiguous, flow_peers = _op_flows(op, rk, nranks)
+    keep = [i for i, e in enumerate(expected) if e > 0]
     if not keep:
         return None
-    return OpInfo(event=op, algo=algo, nranks=max(1, nranks), flows=[f for f, _ in keep],
-                  expected=[e for _, e in keep], ambiguous=ambiguous)
+    return OpInfo(event=op, algo=algo, nranks=max(1, nranks), flows=[flows[i] for i in keep],
+                  expected=[expected[i] for i in keep], ambiguous=ambiguous,
+                  flow_peers=None if flow_peers is None else [flow_peers[i] for i in keep])
 
 
 def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:

@@ -36,8 +36,28 @@ def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol
     first = int(start[began].min()) if began.any() else -1
     last = int(end[began].max()) if began.any() else -1
     granted = grant[grant >= 0]
-    return build_from(info, clock, first, last, int(vol.sum()), bool(np.all(status == COMPLETE)), act_epochs,
-                      int(granted.min()) if granted.size else -1)
+    complete = bool(np.all(status == COMPLETE))
+    return build_many([info], clock, [first], [last], [int(vol.sum())], [complete], [int(act_epochs)],
+                      [int(granted.min()) if granted.size else -1],
+                      [peer_figures(info, first, end, vol, int(clock.epoch_ns)) if complete else None])[0]
+
+
+PeerFigures = tuple[list[int], list[int], list[int]]
+"""(peer ranks, ns from the record's start to its last byte to each, bytes to each)."""
+
+
+def peer_figures(info: OpInfo, first: int, end: np.ndarray, vol: np.ndarray, epoch: int) -> PeerFigures | None:
+    """Per peer of a grouped P2P record (``info.flow_peers``), from its flows' last active
+    grid epochs ``end`` and bytes ``vol`` (aligned with ``info.flows``); None for other
+    operators, or when a flow never started."""
+    fp = info.flow_peers
+    if fp is None or len(fp) != end.size or first < 0 or end.size == 0 or int(end.min()) < first:
+        return None
+    peers, inv = np.unique(np.asarray(fp, np.int64), return_inverse=True)
+    last = np.full(peers.size, first, np.int64)
+    np.maximum.at(last, inv, end)
+    sent = np.bincount(inv, weights=vol, minlength=peers.size).astype(np.int64)
+    return peers.tolist(), ((last + 1 - first) * epoch).tolist(), sent.tolist()
 
 
 def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int, complete: bool,
@@ -50,7 +70,8 @@ def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int
 
 
 def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: list[int], volume: list[int],
-               complete: list[bool], act_epochs: list[int], grant: list[int]) -> list[OpMetrics]:
+               complete: list[bool], act_epochs: list[int], grant: list[int],
+               peers: list[PeerFigures | None] | None = None) -> list[OpMetrics]:
     """:func:`build_from` for many operators (Python ints and bools per argument: they go
     into the records as they are). Every
     value is computed here from validated inputs, so the records are built trusted (no
@@ -82,13 +103,16 @@ def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: lis
         vol = volume[i]
         rate = vol / (act_ns * 1e-9) if act_ns > 0 else 0.0
         g = grant[i]
+        pf = peers[i] if peers is not None else None
         rec = new(OpMetrics)
         setattr_(rec, "__dict__", {
             "job": ev.job, "node": ev.node, "comm_id": ev.comm_id, "seq": ev.seq, "rank": ev.rank, "kind": ev.kind,
             "nranks": info.nranks, "start_ns": start_ns, "end_ns": end_ns, "duration_ns": end_ns - start_ns,
             "act_ns": act_ns, "volume_bytes": vol, "expected_bytes": st[0], "complete": complete[i],
             "active_rate": min(rate, 1e15), "flows": st[1], "epoch_ns": epoch, "nics": list(st[2]),
-            "group": ev.group, "t_host_ns": ev.t_host_ns, "granted_ns": g * epoch + phase if g >= 0 else None})
+            "group": ev.group, "t_host_ns": ev.t_host_ns, "granted_ns": g * epoch + phase if g >= 0 else None,
+            "peer_ranks": pf[0] if pf else None, "peer_done_ns": pf[1] if pf else None,
+            "peer_bytes": pf[2] if pf else None})
         out.append(rec)
     return out
 

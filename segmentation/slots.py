@@ -229,10 +229,35 @@ class SlotTable:
             act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
         # Python ints from here: numpy scalar arithmetic per record cost more than the record
         start_l, end_l, vol_l, bad_l, act_l, grant_l = (a.tolist() for a in (start, end, vol, bad, act, grant))
-        out = _metrics.build_many([self.info[uid] for uid in order], clock,
+        infos = [self.info[uid] for uid in order]
+        out = _metrics.build_many(infos, clock,
                                   [x if x != big else -1 for x in start_l], end_l, vol_l, [b == 0 for b in bad_l],
-                                  act_l, [x if x != big else -1 for x in grant_l])
+                                  act_l, [x if x != big else -1 for x in grant_l],
+                                  self._peer_figures(uids, infos, start_l, bad_l, int(clock.epoch_ns)))
         ukey = self.ukey
         keys = [ukey[uid] for uid in order]
         self.drop(uids)
         return out, keys
+
+    def _peer_figures(self, uids: np.ndarray, infos: list[OpInfo], first: list[int], bad: list[int],
+                      epoch: int) -> list[_metrics.PeerFigures | None] | None:
+        """Per-peer figures of the complete grouped P2P operators among ``uids`` (their
+        slots sit in the table in the order of their info's flows: ``add`` appends them so
+        and compaction keeps the order)."""
+        want = [k for k, info in enumerate(infos) if info.flow_peers is not None and bad[k] == 0]
+        if not want:
+            return None
+        s = self.s
+        mark = np.zeros(self.next_uid + 1, bool)
+        mark[uids[want]] = True
+        uid_col = s.col("uid")
+        rows = np.flatnonzero(s.col("live") & mark[uid_col])
+        rows = rows[np.argsort(uid_col[rows], kind="stable")]
+        ru = uid_col[rows]
+        out: list[_metrics.PeerFigures | None] = [None] * len(infos)
+        end, vol = s.col("end"), s.col("vol")
+        for k in want:
+            u = int(uids[k])
+            a, b = np.searchsorted(ru, u), np.searchsorted(ru, u, side="right")
+            out[k] = _metrics.peer_figures(infos[k], first[k], end[rows[a:b]], vol[rows[a:b]], epoch)
+        return out

@@ -73,3 +73,20 @@ def _rec(seq: int) -> OpMetrics:
     return OpMetrics(job="j", node="node-1", comm_id="c", seq=seq, rank=0, kind="AllReduce", nranks=2,
                      start_ns=10, end_ns=20, duration_ns=10, act_ns=10, volume_bytes=8, expected_bytes=8,
                      complete=True, active_rate=1.0, flows=1, epoch_ns=1)
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"peer_ranks": [1, 2], "peer_done_ns": [5], "peer_bytes": [4, 4]}, "of one length"),
+    ({"peer_ranks": [1, 2], "peer_done_ns": [5, 6]}, "go together"),
+    ({"peer_ranks": [1], "peer_done_ns": [-1], "peer_bytes": [8]}, "negative"),
+    ({"peer_ranks": [1], "peer_done_ns": [11], "peer_bytes": [8]}, "after the record's end"),
+])
+def test_per_peer_figures_are_checked_alone_and_packed(change: dict, why: str) -> None:
+    good = orjson.loads(records.encode_op_metrics_packed([_rec(1), _rec(2)]))
+    good["records"][1].update(change)
+    with pytest.raises(DecodeError, match=why):
+        records.op_metrics_from_dict(good, "m")
+    with pytest.raises(DecodeError, match=why):
+        OpMetrics.from_dict(good["records"][1], "m")
+    ok = dict(good["records"][1], peer_ranks=[1], peer_done_ns=[10], peer_bytes=[8])
+    assert OpMetrics.from_dict(ok, "m").peer_done_ns == [10]

@@ -1,0 +1,102 @@
+"""All-to-all (grouped P2P) records that carry per-peer figures are judged link by link.
+
+The records are built the way an all-to-all's physics makes them: every rank's last flow
+ends when the slowest link it uses ends, so every rank's ACT is the same and rank-level
+figures name nobody; only which peers each sender finished last can."""
+
+from __future__ import annotations
+
+import numpy as np
+from pulse.localization import LocalizeParams, localize
+
+from pulse.records import OpMetrics
+
+from . import synth
+from .test_rules import ONSET, anomalies, culprits
+
+N = 6
+BYTES = 8 << 20          # per peer
+LINK_NS = 640_000        # a healthy link's time: 20 epochs
+
+
+def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False) -> list[OpMetrics]:
+    """``link_factor(seq, src, dst) -> f``: the link's time is LINK_NS x f."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for seq in range(ops):
+        for r in range(N):
+            peers = [d for d in range(N) if d != r]
+            nb = [BYTES * (1 + (d % 3) if imbalance else 1) for d in peers]
+            done = [int(LINK_NS * (nb[i] / BYTES) * link_factor(seq, r, d) + rng.integers(0, 2) * synth.EPOCH)
+                    for i, d in enumerate(peers)]
+            done = [-(-x // synth.EPOCH) * synth.EPOCH for x in done]  # whole epochs
+            act = max(done)
+            start = seq * synth.PERIOD + int(rng.integers(0, 20_000))
+            vol = sum(nb)
+            out.append(OpMetrics(job="job", node=synth.node(r), comm_id="ep0", seq=seq, rank=r, kind="GroupP2P",
+                                 nranks=N, start_ns=start, end_ns=start + act, duration_ns=act, act_ns=act,
+                                 volume_bytes=vol, expected_bytes=vol, complete=True, active_rate=vol / (act * 1e-9),
+                                 flows=len(peers), epoch_ns=synth.EPOCH, nics=["mlx5_0"], t_host_ns=start - 50_000,
+                                 peer_ranks=peers, peer_done_ns=done, peer_bytes=nb))
+    return out
+
+
+def _events():
+    from pulse.events import CommEvent, FlowEvent
+    evs: list = []
+    for r in range(N):
+        evs.append(CommEvent(job="job", node=synth.node(r), comm_id="ep0", rank=r, nranks=N, pid=1))
+        for d in range(N):
+            if d != r:
+                evs.append(FlowEvent(job="job", node=synth.node(r), nic="mlx5_0", flow=100 * r + d, comm_id="ep0",
+                                     rank=r, peer=d, channel=0, direction="send"))
+    return evs
+
+
+def _run(link_factor, **kw):
+    return localize(_alltoall(link_factor, **kw), _events(), LocalizeParams())
+
+
+def test_healthy_all_to_all_with_expert_imbalance_is_quiet():
+    assert not anomalies(_run(lambda s, a, b: 1.0, imbalance=True))
+
+
+def test_a_nic_slow_both_ways_is_named_though_every_rank_ends_together():
+    # node-03's NIC at 45 %: its flows out and every flow into it take 2.2x
+    def f(seq, src, dst):
+        return 1 / 0.45 if seq >= ONSET and 3 in (src, dst) else 1.0
+    ms = _alltoall(f)
+    late = [m for m in ms if m.seq >= ONSET]
+    assert len({m.act_ns for m in late}) <= 2  # rank-level figures tell nobody apart
+    assert culprits(_run(f)) == {("network-slow", "node", ("node-03",))}
+
+
+def test_a_receiver_slow_only_inward_is_no_blame():
+    # node-03's downlink also carries another communicator's traffic (a pipeline stage's
+    # activations): flows into it are slow, its own sends are not: not its NIC
+    def f(seq, src, dst):
+        return 1 / 0.45 if seq >= ONSET and dst == 3 else 1.0
+    assert not anomalies(_run(f))
+
+
+def test_a_node_whose_nic_also_carried_another_communicators_sends_is_no_blame():
+    # node-03 slow both ways, but each time its NIC also sent a pipeline stage's
+    # activations (a Send of communicator pp0 on the same NIC, same clock): its egress
+    # was shared, and the flows into it may share its downlink with the reverse traffic
+    def f(seq, src, dst):
+        return 1 / 0.45 if seq >= ONSET and 3 in (src, dst) else 1.0
+    ms = _alltoall(f)
+    sends = [synth.record("pp0", m.seq, 0, 3, kind="Send", nranks=2, start=m.start_ns, end=m.end_ns,
+                          t_host=m.start_ns - 10_000, nic="mlx5_0", act=m.act_ns)
+             for m in ms if m.rank == 3]
+    evs = _events() + synth.comm_events("pp0", [3, 0], ["mlx5_0", "mlx5_0"], 9000)
+    assert not anomalies(localize(ms + sends, evs, LocalizeParams()))
+
+
+def test_a_slow_path_between_two_nodes_blames_no_third_node():
+    # one link slow both ways makes neither end slow both ways: not localized by the
+    # per-peer figures (the pair's other links are clean), and never a third node
+    def f(seq, src, dst):
+        return 1 / 0.4 if seq >= ONSET and {src, dst} == {1, 4} else 1.0
+    vs = _run(f)
+    assert all(set(v.nodes) <= {"node-01", "node-04"} for v in anomalies(vs))
