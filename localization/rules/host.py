@@ -16,6 +16,7 @@ from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Link, node_of
 from ..observations import Finding
 from ..params import LocalizeParams
+from .capacity import Rates, capable
 
 
 def excess(fs: list[Finding]) -> float:
@@ -41,13 +42,19 @@ def host_shaped(slow: dict[Link, list[Finding]], p: LocalizeParams, x: str) -> b
     return out_ex > 0 and in_ex <= p.host_in_frac * out_ex
 
 
-def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams) -> dict[Key, Hypothesis]:
+def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams,
+                    rates: Rates | None = None) -> dict[Key, Hypothesis]:
     """x is host-contended when every slow link touches x, x's sends are slow on at least
     ``host_min_nics`` of its NICs, the traffic into x is clean or at most ``host_in_frac``
     as slow, and the nodes x sends to still receive cleanly from others (else their
     downlinks are the problem). A link into x that is used and clean, or an out-link of x
     to another receiver that is slow too, rules out a path that only carries x's traffic
-    one way. ``slow`` / ``clean``: the link state (:func:`.links.link_state`)."""
+    one way. ``slow`` / ``clean``: the link state (:func:`.links.link_state`). A receiver's
+    clean traffic clears its downlink only when it came faster than x's slow sends into it
+    got (:func:`.capacity.capable`, with ``rates``): a downlink that lost half its capacity
+    still takes an all-to-all's flows, bound by their senders' fan-out, at their usual
+    pace (sweep 53 #0: congestion into node-00, its stage's 3-rank all-to-all clean, the
+    pipeline sends into it from node-03 slow on two NICs, node-03 named host-contention)."""
     nodes = sorted({node_of(a) for a, _ in slow})
     for x in nodes:
         if not all(x in (node_of(a), node_of(b)) for a, b in slow):
@@ -62,7 +69,7 @@ def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: Locali
         if out_ex <= 0 or in_ex > p.host_in_frac * out_ex:
             continue
         receivers = {node_of(k[1]) for k in out_links}
-        if not all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers):
+        if not all(capable(slow, clean, rates, d, False, (x,)) for d in receivers):
             continue
         reverse_used = bool(in_links) or any(node_of(a) in receivers and node_of(b) == x for a, b in clean)
         if not (reverse_used or len(receivers) >= 2):

@@ -17,7 +17,7 @@ Physical facts relied on:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -26,6 +26,7 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..observations import Finding
 from ..params import LocalizeParams
 from ..robust import median
+from .capacity import Rates, capable
 from .host import host_hypothesis, host_shaped
 
 
@@ -68,13 +69,6 @@ def _since(slow: dict[Link, list[Finding]], p: LocalizeParams) -> int:
     return int(np.median([f.start_ns for fs in slow.values() for f in fs])) + p.clock_skew_ns
 
 
-Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
-"""Per slow link, the highest rate its slow observations got; per clean link, the rate its
-sender's NIC surely reached in one of its recent observations, and the rate the link itself surely
-carried (-1: its records sent to several peers at once, so the link's own share is not
-known). Bytes/ns; 0 or absent: unknown."""
-
-
 def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]], clean: set[Link],
                 *, since: int | None = None, rows: np.ndarray | None = None) -> Rates:
     """What the link windows show of the NICs' capacity. A NIC capped at some rate still
@@ -104,29 +98,6 @@ def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]
     return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows))
 
 
-def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
-            sends: bool, outside: Collection[str]) -> bool:
-    """Whether ``x``'s clean traffic with nodes not in ``outside`` shows its NIC (its sends
-    when ``sends``, else what it receives) moving more than x's slow links of that direction
-    got: then a cap at x does not explain them. Without rates (unknown), any clean link
-    with a third node counts. What x receives is shown only by a sender that sent to x
-    alone (an all-to-all sender's rate is shared among all its receivers)."""
-    mine = [k for k in slow if node_of(k[0 if sends else 1]) == x]
-    slow_hi, clean_lo, clean_in = rates or ({}, {}, {})
-    shown = clean_lo if sends else clean_in
-    bar = max((slow_hi.get(k, 0.0) for k in mine), default=0.0)
-    for a, b in clean:
-        me, other = (a, b) if sends else (b, a)
-        if node_of(me) != x or node_of(other) in outside:
-            continue
-        lo = shown.get((a, b), 0.0)
-        if lo < 0:
-            continue  # the link's own share is not known
-        if bar <= 0 or lo == 0 or lo > bar:
-            return True
-    return False
-
-
 def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
                          p: LocalizeParams, rates: Rates | None = None) -> dict[Key, Hypothesis]:
     """The culprit of the slow links, given the link state (slow links with their findings,
@@ -139,7 +110,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
     hits = [f for fs in slow.values() for f in fs]
     clean_pairs = node_pairs(clean)
 
-    host = host_hypothesis(slow, clean, p)
+    host = host_hypothesis(slow, clean, p, rates)
     if host:
         return host
     senders = {s for s, _ in pairs}
@@ -167,12 +138,15 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
-        if any(host_shaped(slow, p, x) for x in covers):
+        if any(host_shaped(slow, p, x) and not capable(slow, clean, rates, x, True, covers) for x in covers):
             # One end's sends slowed far more than what it receives: a starved host paces
             # all its sends, so its other traffic never beats the slow links either, and no
             # cap is shown; what clears an end is then any clean traffic with third nodes
             # (battery cpu-contention seed 3: node-03 -> node-07 only; the rate test named
-            # node-03's NIC before the host rule could conclude)
+            # node-03's NIC before the host rule could conclude). An end whose other sends
+            # did beat the slow links is no starved host (sweep 53 #0: node-03's sends into
+            # a congested downlink slow, its sends to three other nodes faster): the rates
+            # then still tell which end is capped.
             rates = None
 
         def by_path(src: str, dst: str) -> bool:
@@ -232,6 +206,13 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
     grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
     if grp is None:
         return {}  # several smallest sets explain the slow links alike: naming one would be a guess
+    if not any(node_of(a) not in grp and node_of(b) not in grp for a, b in clean):
+        # A group's fault leaves the traffic between the other nodes alone; with none of it
+        # seen clean since the slowness began, a slowdown of the whole communicator fits as
+        # well (sweep 53 #11: one starved host, 8 consecutive ring links slow from it on,
+        # no clean link anywhere, and the smallest cover of that chain - every other node -
+        # was named a group of four)
+        return {}
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
 
 

@@ -75,3 +75,33 @@ def test_host_shaped_slowness_waits_for_the_receivers_rather_than_naming_the_nic
     assert list(slow_link_hypotheses(slow, clean, P)) == [("host-contention", ("a",))]
     # both directions slow alike: a's NIC
     assert list(slow_link_hypotheses(*state(3.0), P)) == [("network-slow", ("a",))]
+
+
+def test_receivers_cleared_only_by_traffic_faster_than_the_slow_sends_got():
+    # with rates known, b's and c's clean traffic from d clears their downlinks only when
+    # it came faster than a's slow sends into them got: a downlink that lost half its
+    # capacity still takes an all-to-all's fan-out-bound flows at their usual pace
+    slow, clean = _state()
+    slow_hi = {k: 10.0 for k in slow}
+    into = {(ep("d", 0), ep("b", 0)): 25.0, (ep("d", 1), ep("c", 1)): 25.0, (ep("d", 0), ep("a", 0)): 25.0}
+    assert list(host_hypothesis(slow, clean, P, (slow_hi, {}, into))) == [("host-contention", ("a",))]
+    slower = {**into, (ep("d", 1), ep("c", 1)): 8.0}  # c received no faster than a's sends got
+    assert host_hypothesis(slow, clean, P, (slow_hi, {}, slower)) == {}
+    shared = {**into, (ep("d", 1), ep("c", 1)): -1.0}  # an all-to-all sender: c's share unknown
+    assert host_hypothesis(slow, clean, P, (slow_hi, {}, shared)) == {}
+
+
+def test_a_sender_whose_other_sends_beat_the_slow_links_is_no_starved_host():
+    # a's sends into b slow on two NICs (the host's shape from a's side), but a sends to c
+    # faster than those links got, and b is seen receiving only from an all-to-all (its
+    # share unknown): b's capped downlink explains it, a's host does not
+    from pulse.localization.rules.links import slow_link_hypotheses
+    slow = {(ep("a", k), ep("b", k)): slow_link(ep("a", k), ep("b", k), excess=1.5) for k in (0, 1)}
+    clean = {(ep("a", 0), ep("c", 0)), (ep("d", 0), ep("b", 0)), (ep("b", 1), ep("a", 1))}
+    slow_hi = {k: 10.0 for k in slow}
+    sends = {(ep("a", 0), ep("c", 0)): 25.0, (ep("d", 0), ep("b", 0)): 25.0, (ep("b", 1), ep("a", 1)): 25.0}
+    into = {(ep("a", 0), ep("c", 0)): 25.0, (ep("d", 0), ep("b", 0)): -1.0, (ep("b", 1), ep("a", 1)): 25.0}
+    assert list(slow_link_hypotheses(slow, clean, P, (slow_hi, sends, into))) == [("network-slow", ("b",))]
+    # a's other sends no faster than the slow links: its host may pace them all, b is not named
+    slower = {**sends, (ep("a", 0), ep("c", 0)): 9.0}
+    assert ("network-slow", ("b",)) not in slow_link_hypotheses(slow, clean, P, (slow_hi, slower, into))

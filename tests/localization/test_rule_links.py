@@ -98,10 +98,24 @@ def test_no_node_on_every_link_is_the_smallest_covering_group():
     # two slow senders on two links each: only {a, d} touches all four
     pairs = [("a", "b"), ("a", "c"), ("d", "e"), ("d", "f")]
     slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in pairs}
-    got = slow_link_hypotheses(slow, set(), P)
+    rest = {(ep("b"), ep("e")), (ep("f"), ep("c"))}  # traffic between the other nodes is fine
+    got = slow_link_hypotheses(slow, rest, P)
     assert list(got) == [("path", ("a", "d"))]
     # a group that does not cover every slow link is not an answer
-    assert slow_link_hypotheses(slow, set(), LocalizeParams(max_group=1)) == {}
+    assert slow_link_hypotheses(slow, rest, LocalizeParams(max_group=1)) == {}
+
+
+def test_a_group_needs_the_traffic_outside_it_seen_clean():
+    # a chain of slow ring links from one node on (a straggler upstream slows its ring
+    # successors in turn) is covered by every other node, but with nothing outside that
+    # cover seen clean, the whole ring being slow fits as well: no group is named
+    chain = ["n0", "n1", "n2", "n3", "n4"]  # its one smallest cover: {n1, n3}
+    slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in zip(chain, chain[1:])}
+    assert slow_link_hypotheses(slow, set(), P) == {}
+    touching = {(ep("n1"), ep("n9")), (ep("n9"), ep("n3"))}  # clean, but each touches the cover
+    assert slow_link_hypotheses(slow, touching, P) == {}
+    outside = touching | {(ep("n9"), ep("n8"))}
+    assert list(slow_link_hypotheses(slow, outside, P)) == [("path", ("n1", "n3"))]
 
 
 def test_several_smallest_covers_name_nobody():

@@ -1,0 +1,39 @@
+"""What the link windows show of a NIC's capacity, for the rules that must tell a cap at one
+end of the slow links from a fault elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ..evidence import Link, node_of
+from ..observations import Finding
+
+Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
+"""Per slow link, the highest rate its slow observations got; per clean link, the rate its
+sender's NIC surely reached in one of its recent observations, and the rate the link itself surely
+carried (-1: its records sent to several peers at once, so the link's own share is not
+known). Bytes/ns; 0 or absent: unknown."""
+
+
+
+def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
+            sends: bool, outside: Collection[str]) -> bool:
+    """Whether ``x``'s clean traffic with nodes not in ``outside`` shows its NIC (its sends
+    when ``sends``, else what it receives) moving more than x's slow links of that direction
+    got: then a cap at x does not explain them. Without rates (unknown), any clean link
+    with a third node counts. What x receives is shown only by a sender that sent to x
+    alone (an all-to-all sender's rate is shared among all its receivers)."""
+    mine = [k for k in slow if node_of(k[0 if sends else 1]) == x]
+    slow_hi, clean_lo, clean_in = rates or ({}, {}, {})
+    shown = clean_lo if sends else clean_in
+    bar = max((slow_hi.get(k, 0.0) for k in mine), default=0.0)
+    for a, b in clean:
+        me, other = (a, b) if sends else (b, a)
+        if node_of(me) != x or node_of(other) in outside:
+            continue
+        lo = shown.get((a, b), 0.0)
+        if lo < 0:
+            continue  # the link's own share is not known
+        if bar <= 0 or lo == 0 or lo > bar:
+            return True
+    return False
