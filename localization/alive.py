@@ -96,15 +96,17 @@ class AlivePoints:
                 other += vol * (min(en, f.end_ns) - max(st, f.start_ns)) / max(en - st, 1)
         return other >= own[4] * (1.0 - f.peers / f.value)
 
-    def busy(self, ep: str, start: int, end: int, comm: str) -> bool:
-        """Whether another communicator's record on NIC ``ep`` was on the wire during
-        [start, end) (one node's clock): its bytes then shared the NIC."""
+    def busy(self, ep: str, start: int, end: int, comm: str, kind: str) -> bool:
+        """Whether a record of another kind (another communicator's) on NIC ``ep`` was on
+        the wire during [start, end) (one node's clock): its bytes then shared the NIC.
+        Twins of the same kind (two GPUs' all-to-alls on one NIC) share every node's NIC
+        alike, and their operators' median link already carries that share."""
         spans = self._spans.get(ep)
         if not spans:
             return False
         lo = bisect.bisect_left(spans, (start - self._longest.get(ep, 0),))
         hi = bisect.bisect_left(spans, (end,))
-        return any(c != comm and en > start for _st, en, c, _k, _v in spans[lo:hi])
+        return any(c != comm and k != kind and en > start for _st, en, c, k, _v in spans[lo:hi])
 
     def points(self, ep: str) -> tuple[list[int], list[str]]:
         """(times, comms) of ``ep``, sorted by time (empty lists when never seen)."""

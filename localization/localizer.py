@@ -197,7 +197,7 @@ class Localizer:
 
         def egress_busy(i: int) -> bool:
             r = ordered[i]
-            return self.ev.alive.busy(endpoints[i], r.start_ns, r.end_ns, comm)
+            return self.ev.alive.busy(endpoints[i], r.start_ns, r.end_ns, comm, r.kind)
 
         return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps, self._stalled(ordered),
                       endpoint_of, egress_busy)

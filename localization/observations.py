@@ -134,7 +134,7 @@ class OpView:
     endpoint_of: Callable[[int], str] | None = None
     """The endpoint of any member rank (for records that name their peers one by one)."""
     egress_busy: Callable[[int], bool] | None = None
-    """Per record index: whether another communicator's record shared its NIC meanwhile."""
+    """Per record index: whether a record of another kind shared its NIC meanwhile."""
 
     def col(self, name: str) -> np.ndarray:
         return np.array([getattr(r, name) for r in self.recs], dtype=np.float64)
@@ -357,8 +357,8 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     links out and of its links in are both below ``rate_ratio`` of the operator's, while
     every other endpoint has one slow link each way (into and out of it). A receiver
     whose downlink also carries another communicator's traffic (a pipeline stage's
-    activations) is slow only inward; one whose NIC sent another communicator's records
-    meanwhile (its own clock) is not taken as slow out: its egress was shared. A link is
+    activations) is slow only inward; one whose NIC sent records of another kind meanwhile
+    (its own clock) is not taken as slow out: its egress was shared. A link is
     slow when its own rate is below the bar and an end of it is slow both ways; the link
     rules then find the node on all of them. Returns False (nothing judged) when a
     record lacks the figures."""

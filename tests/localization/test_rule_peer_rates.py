@@ -19,7 +19,7 @@ BYTES = 8 << 20          # per peer
 LINK_NS = 640_000        # a healthy link's time: 20 epochs
 
 
-def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False) -> list[OpMetrics]:
+def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False, comm: str = "ep0") -> list[OpMetrics]:
     """``link_factor(seq, src, dst) -> f``: the link's time is LINK_NS x f."""
     rng = np.random.default_rng(seed)
     out = []
@@ -33,7 +33,7 @@ def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False
             act = max(done)
             start = seq * synth.PERIOD + int(rng.integers(0, 20_000))
             vol = sum(nb)
-            out.append(OpMetrics(job="job", node=synth.node(r), comm_id="ep0", seq=seq, rank=r, kind="GroupP2P",
+            out.append(OpMetrics(job="job", node=synth.node(r), comm_id=comm, seq=seq, rank=r, kind="GroupP2P",
                                  nranks=N, start_ns=start, end_ns=start + act, duration_ns=act, act_ns=act,
                                  volume_bytes=vol, expected_bytes=vol, complete=True, active_rate=vol / (act * 1e-9),
                                  flows=len(peers), epoch_ns=synth.EPOCH, nics=["mlx5_0"], t_host_ns=start - 50_000,
@@ -41,14 +41,14 @@ def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False
     return out
 
 
-def _events():
+def _events(comm: str = "ep0", flow0: int = 0):
     from pulse.events import CommEvent, FlowEvent
     evs: list = []
     for r in range(N):
-        evs.append(CommEvent(job="job", node=synth.node(r), comm_id="ep0", rank=r, nranks=N, pid=1))
+        evs.append(CommEvent(job="job", node=synth.node(r), comm_id=comm, rank=r, nranks=N, pid=1))
         for d in range(N):
             if d != r:
-                evs.append(FlowEvent(job="job", node=synth.node(r), nic="mlx5_0", flow=100 * r + d, comm_id="ep0",
+                evs.append(FlowEvent(job="job", node=synth.node(r), nic="mlx5_0", flow=flow0 + 100 * r + d, comm_id=comm,
                                      rank=r, peer=d, channel=0, direction="send"))
     return evs
 
@@ -91,6 +91,16 @@ def test_a_node_whose_nic_also_carried_another_communicators_sends_is_no_blame()
              for m in ms if m.rank == 3]
     evs = _events() + synth.comm_events("pp0", [3, 0], ["mlx5_0", "mlx5_0"], 9000)
     assert not anomalies(localize(ms + sends, evs, LocalizeParams()))
+
+
+def test_a_twin_all_to_all_on_the_same_nic_is_no_excuse():
+    # two GPUs' all-to-alls share each node's NIC alike (8 GPUs, 4 NICs): that share is in
+    # every operator's median link, so it excuses nobody
+    def f(seq, src, dst):
+        return 1 / 0.45 if seq >= ONSET and 3 in (src, dst) else 1.0
+    ms = _alltoall(f) + _alltoall(f, seed=1, comm="ep1")
+    evs = _events() + _events("ep1", 10_000)
+    assert culprits(localize(ms, evs, LocalizeParams())) == {("network-slow", "node", ("node-03",))}
 
 
 def test_a_slow_path_between_two_nodes_blames_no_third_node():
