@@ -3,6 +3,8 @@ and the culprit of a given link state."""
 
 from __future__ import annotations
 
+import itertools
+
 from pulse.localization.observations import ACT
 from pulse.localization.params import LocalizeParams
 from pulse.localization.rules.links import (
@@ -110,7 +112,7 @@ def test_a_group_needs_the_traffic_outside_it_seen_clean():
     # successors in turn) is covered by every other node, but with nothing outside that
     # cover seen clean, the whole ring being slow fits as well: no group is named
     chain = ["n0", "n1", "n2", "n3", "n4"]  # its one smallest cover: {n1, n3}
-    slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in zip(chain, chain[1:])}
+    slow = {(ep(x), ep(y)): slow_link(ep(x), ep(y)) for x, y in itertools.pairwise(chain)}
     assert slow_link_hypotheses(slow, set(), P) == {}
     touching = {(ep("n1"), ep("n9")), (ep("n9"), ep("n3"))}  # clean, but each touches the cover
     assert slow_link_hypotheses(slow, touching, P) == {}
