@@ -370,9 +370,11 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     idx: list[int] = []
     nb_l: list[float] = []
     done_l: list[float] = []
+    want_l: list[float] = []
     for i, r in enumerate(view.recs):
         me = view.endpoints[i]
-        for pr, t, b in zip(r.peer_ranks, r.peer_done_ns, r.peer_bytes, strict=True):  # type: ignore[arg-type]
+        wants = r.peer_expected_bytes or [0] * len(r.peer_ranks)  # type: ignore[arg-type]
+        for pr, t, b, w in zip(r.peer_ranks, r.peer_done_ns, r.peer_bytes, wants, strict=True):  # type: ignore[arg-type]
             dst = view.endpoint_of(pr)
             if t <= 0 or b <= 0 or dst.split("/", 1)[0] in (r.node, "?"):
                 continue  # no wire between them (or the peer's node is not known yet)
@@ -381,43 +383,56 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
             idx.append(i)
             nb_l.append(float(b))
             done_l.append(float(t))
+            want_l.append(float(w))
     if len(nb_l) < p.min_ranks:
         return False
     nb = np.array(nb_l)
     done = np.array(done_l)
+    want = np.array(want_l)
     point = nb / done
     ref = median(point)
     if ref <= 0:
         return False
+    bar = p.rate_ratio * ref
     hi = nb / np.maximum(done - epoch, epoch)
     busy = {view.endpoints[i] for i in set(idx) if view.egress_busy is not None and view.egress_busy(i)}
-    both = _slow_both_ways(src_l, dst_l, hi, p.rate_ratio * ref) - busy
+    slow_ends = _both_ways(src_l, dst_l, hi < bar) - busy
+    # bytes beyond what the operator declared for a peer were resent (go-back-N resends
+    # whole windows); a lossy NIC loses both ways, so its links out and in carry them
+    extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)
+    lossy = extra >= 1.0 + p.vol_excess
+    lossy_ends = _both_ways(src_l, dst_l, lossy)
     exp = view.col("expected_bytes")
     vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
-    resent = {i: _finding(view, i, ACT, "volume_ratio", v, 1.0) for i, v in enumerate(vol.tolist())
-              if p.grouped_resent and v >= 1.0 + p.vol_excess}
+    # network-only mode's inferred records: rank-level surplus (their peers are not known)
+    resent = ({i: _finding(view, i, ACT, "volume_ratio", v, 1.0) for i, v in enumerate(vol.tolist())
+               if v >= 1.0 + p.vol_excess} if p.grouped_resent else {})
     out.findings += resent.values()
     for k, i in enumerate(idx):
         f = resent.get(i)
-        if f is None and hi[k] < p.rate_ratio * ref and (src_l[k] in both or dst_l[k] in both):
+        if f is None and lossy[k] and (src_l[k] in lossy_ends or dst_l[k] in lossy_ends):
+            f = dataclasses.replace(_finding(view, i, ACT, "volume_ratio", extra[k], 1.0), peer_eps=(dst_l[k],))
+            out.findings.append(f)
+        elif f is None and hi[k] < bar and (src_l[k] in slow_ends or dst_l[k] in slow_ends):
             f = dataclasses.replace(_finding(view, i, ACT, "peer_rate", point[k], ref), peer_eps=(dst_l[k],))
             out.findings.append(f)
-        elif f is None and point[k] < p.rate_ratio * ref:
-            continue  # a slow link at an end that is not slow both ways: says nothing
+        elif f is None and (point[k] < bar or lossy[k]):
+            continue  # a slow or lossy link at an end that is not so both ways: says nothing
         out.links.append(_link(view, i, dst_l[k], f is not None, f))
     return True
 
 
-def _slow_both_ways(src: list[str], dst: list[str], hi: np.ndarray, bar: float) -> set[str]:
-    """Endpoints the median of whose links out, and of whose links in, are below ``bar``
-    (each link at the highest rate its epochs allow)."""
-    def medians(ends: list[str]) -> dict[str, float]:
+def _both_ways(src: list[str], dst: list[str], flag: np.ndarray) -> set[str]:
+    """Endpoints more than half of whose links out, and more than half of whose links in,
+    are flagged. A faulty NIC's links are all flagged; every other endpoint has one link
+    each way with it, at most half of its links from three ranks on."""
+    def shares(ends: list[str]) -> dict[str, float]:
         keys, inv = np.unique(np.array(ends), return_inverse=True)
-        order = np.argsort(inv, kind="stable")
-        cuts = np.flatnonzero(np.diff(inv[order])) + 1
-        return {k: float(np.median(part)) for k, part in zip(keys.tolist(), np.split(hi[order], cuts), strict=True)}
-    out_m, in_m = medians(src), medians(dst)
-    return {e for e, m in out_m.items() if m < bar and in_m.get(e, bar) < bar}
+        n = np.bincount(inv, minlength=keys.size)
+        hit = np.bincount(inv, weights=flag.astype(np.float64), minlength=keys.size)
+        return dict(zip(keys.tolist(), (hit / n).tolist(), strict=True))
+    out_s, in_s = shares(src), shares(dst)
+    return {e for e, x in out_s.items() if x > 0.5 and in_s.get(e, 0.0) > 0.5}
 
 
 def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:

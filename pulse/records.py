@@ -50,6 +50,7 @@ class OpMetrics(Record):
         Field("peer_ranks", "list[int]", required=False),
         Field("peer_done_ns", "list[int]", required=False),
         Field("peer_bytes", "list[int]", required=False),
+        Field("peer_expected_bytes", "list[int]", required=False),
     )
     job: str
     node: str
@@ -87,16 +88,21 @@ class OpMetrics(Record):
     which peer each sender finished last is what names it."""
     peer_done_ns: list[int] | None = None
     peer_bytes: list[int] | None = None
+    peer_expected_bytes: list[int] | None = None
+    """Per peer, the bytes the operator declared for it (the volume condition's share):
+    what a peer's link carried beyond it was resent."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.end_ns < self.start_ns:
             raise DecodeError(f"op-metrics: end_ns {self.end_ns} < start_ns {self.start_ns}")
-        per = (self.peer_ranks, self.peer_done_ns, self.peer_bytes)
+        per = (self.peer_ranks, self.peer_done_ns, self.peer_bytes, self.peer_expected_bytes)
         if any(x is not None for x in per):
             if any(x is None for x in per) or len({len(x) for x in per}) != 1:  # type: ignore[arg-type]
-                raise DecodeError("op-metrics: peer_ranks, peer_done_ns and peer_bytes go together, of one length")
-            if min((*self.peer_done_ns, *self.peer_bytes, *self.peer_ranks), default=0) < 0:  # type: ignore[misc]
+                raise DecodeError("op-metrics: peer_ranks, peer_done_ns, peer_bytes and peer_expected_bytes go "
+                                  "together, of one length")
+            if min((*self.peer_done_ns, *self.peer_bytes, *self.peer_ranks,  # type: ignore[misc]
+                    *self.peer_expected_bytes), default=0) < 0:  # type: ignore[misc]
                 raise DecodeError("op-metrics: negative per-peer figure")
             if max(self.peer_done_ns, default=0) > self.duration_ns:  # type: ignore[arg-type]
                 raise DecodeError("op-metrics: a peer's last byte after the record's end")

@@ -42,8 +42,9 @@ def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol
                       [peer_figures(info, first, end, vol, int(clock.epoch_ns)) if complete else None])[0]
 
 
-PeerFigures = tuple[list[int], list[int], list[int]]
-"""(peer ranks, ns from the record's start to its last byte to each, bytes to each)."""
+PeerFigures = tuple[list[int], list[int], list[int], list[int]]
+"""(peer ranks, ns from the record's start to its last byte to each, bytes to each, bytes
+declared for each)."""
 
 
 def peer_figures(info: OpInfo, first: int, end: np.ndarray, vol: np.ndarray, epoch: int) -> PeerFigures | None:
@@ -57,7 +58,8 @@ def peer_figures(info: OpInfo, first: int, end: np.ndarray, vol: np.ndarray, epo
     last = np.full(peers.size, first, np.int64)
     np.maximum.at(last, inv, end)
     sent = np.bincount(inv, weights=vol, minlength=peers.size).astype(np.int64)
-    return peers.tolist(), ((last + 1 - first) * epoch).tolist(), sent.tolist()
+    want = np.bincount(inv, weights=np.asarray(info.expected, np.float64), minlength=peers.size).astype(np.int64)
+    return peers.tolist(), ((last + 1 - first) * epoch).tolist(), sent.tolist(), want.tolist()
 
 
 def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int, complete: bool,
@@ -112,7 +114,7 @@ def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: lis
             "active_rate": min(rate, 1e15), "flows": st[1], "epoch_ns": epoch, "nics": list(st[2]),
             "group": ev.group, "t_host_ns": ev.t_host_ns, "granted_ns": g * epoch + phase if g >= 0 else None,
             "peer_ranks": pf[0] if pf else None, "peer_done_ns": pf[1] if pf else None,
-            "peer_bytes": pf[2] if pf else None})
+            "peer_bytes": pf[2] if pf else None, "peer_expected_bytes": pf[3] if pf else None})
         out.append(rec)
     return out
 

@@ -19,8 +19,10 @@ BYTES = 8 << 20          # per peer
 LINK_NS = 640_000        # a healthy link's time: 20 epochs
 
 
-def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False, comm: str = "ep0") -> list[OpMetrics]:
-    """``link_factor(seq, src, dst) -> f``: the link's time is LINK_NS x f."""
+def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False, comm: str = "ep0",
+              surplus=None) -> list[OpMetrics]:
+    """``link_factor(seq, src, dst) -> f``: the link's time is LINK_NS x f; ``surplus(seq,
+    src, dst) -> s``: the link carried s x the bytes declared for it (resent)."""
     rng = np.random.default_rng(seed)
     out = []
     for seq in range(ops):
@@ -32,12 +34,16 @@ def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False
             done = [-(-x // synth.EPOCH) * synth.EPOCH for x in done]  # whole epochs
             act = max(done)
             start = seq * synth.PERIOD + int(rng.integers(0, 20_000))
+            want = nb
+            if surplus is not None:
+                nb = [int(b * surplus(seq, r, d)) for b, d in zip(nb, peers, strict=True)]
             vol = sum(nb)
             out.append(OpMetrics(job="job", node=synth.node(r), comm_id=comm, seq=seq, rank=r, kind="GroupP2P",
                                  nranks=N, start_ns=start, end_ns=start + act, duration_ns=act, act_ns=act,
-                                 volume_bytes=vol, expected_bytes=vol, complete=True, active_rate=vol / (act * 1e-9),
+                                 volume_bytes=vol, expected_bytes=sum(want), complete=True, active_rate=vol / (act * 1e-9),
                                  flows=len(peers), epoch_ns=synth.EPOCH, nics=["mlx5_0"], t_host_ns=start - 50_000,
-                                 peer_ranks=peers, peer_done_ns=done, peer_bytes=nb))
+                                 peer_ranks=peers, peer_done_ns=done, peer_bytes=nb,
+                                 peer_expected_bytes=want))
     return out
 
 
@@ -110,3 +116,25 @@ def test_a_slow_path_between_two_nodes_blames_no_third_node():
         return 1 / 0.4 if seq >= ONSET and {src, dst} == {1, 4} else 1.0
     vs = _run(f)
     assert all(set(v.nodes) <= {"node-01", "node-04"} for v in anomalies(vs))
+
+
+def test_a_lossy_nic_is_named_by_the_bytes_its_links_resent_both_ways():
+    # 1 % loss on node-03's NIC: every link into and out of it resends (go-back-N), at
+    # the same pace; a rank-level surplus would be every rank's (each sends to node-03)
+    def lossy(seq, src, dst):
+        return 1.08 if seq >= ONSET and 3 in (src, dst) else 1.0
+    vs = localize(_alltoall(lambda s, a, b: 1.0, surplus=lossy), _events(), LocalizeParams())
+    assert culprits(vs) == {("network-slow", "node", ("node-03",))}
+    assert "volume_ratio" in str(anomalies(vs)[0].evidence)
+
+
+def test_a_surplus_on_every_link_or_only_into_one_node_is_no_blame():
+    # headers counted on every link (a uniform wire surplus) name nobody, nor does a surplus
+    # only on the links into one node (its NIC would lose both ways)
+    def every(seq, src, dst):
+        return 1.05
+    assert not anomalies(localize(_alltoall(lambda s, a, b: 1.0, surplus=every), _events(), LocalizeParams()))
+
+    def inward(seq, src, dst):
+        return 1.08 if seq >= ONSET and dst == 3 else 1.0
+    assert not anomalies(localize(_alltoall(lambda s, a, b: 1.0, surplus=inward), _events(), LocalizeParams()))

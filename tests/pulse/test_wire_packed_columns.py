@@ -76,10 +76,10 @@ def _rec(seq: int) -> OpMetrics:
 
 
 @pytest.mark.parametrize("change, why", [
-    ({"peer_ranks": [1, 2], "peer_done_ns": [5], "peer_bytes": [4, 4]}, "of one length"),
+    ({"peer_ranks": [1, 2], "peer_done_ns": [5], "peer_bytes": [4, 4], "peer_expected_bytes": [4, 4]}, "of one length"),
     ({"peer_ranks": [1, 2], "peer_done_ns": [5, 6]}, "go together"),
-    ({"peer_ranks": [1], "peer_done_ns": [-1], "peer_bytes": [8]}, "negative"),
-    ({"peer_ranks": [1], "peer_done_ns": [11], "peer_bytes": [8]}, "after the record's end"),
+    ({"peer_ranks": [1], "peer_done_ns": [-1], "peer_bytes": [8], "peer_expected_bytes": [8]}, "negative"),
+    ({"peer_ranks": [1], "peer_done_ns": [11], "peer_bytes": [8], "peer_expected_bytes": [8]}, "after the record's end"),
 ])
 def test_per_peer_figures_are_checked_alone_and_packed(change: dict, why: str) -> None:
     good = orjson.loads(records.encode_op_metrics_packed([_rec(1), _rec(2)]))
@@ -88,5 +88,5 @@ def test_per_peer_figures_are_checked_alone_and_packed(change: dict, why: str) -
         records.op_metrics_from_dict(good, "m")
     with pytest.raises(DecodeError, match=why):
         OpMetrics.from_dict(good["records"][1], "m")
-    ok = dict(good["records"][1], peer_ranks=[1], peer_done_ns=[10], peer_bytes=[8])
+    ok = dict(good["records"][1], peer_ranks=[1], peer_done_ns=[10], peer_bytes=[8], peer_expected_bytes=[8])
     assert OpMetrics.from_dict(ok, "m").peer_done_ns == [10]

@@ -109,12 +109,13 @@ def _fix_metrics(v: dict[str, Any], draw: st.DrawFn) -> None:
         v["start_ns"], v["end_ns"] = v["end_ns"], v["start_ns"]
     # per-peer figures come as three lists of one length, or not at all
     if v["peer_ranks"] is None:
-        v["peer_done_ns"] = v["peer_bytes"] = None
+        v["peer_done_ns"] = v["peer_bytes"] = v["peer_expected_bytes"] = None
     else:
         n = len(v["peer_ranks"])
         v["peer_ranks"] = [abs(x) for x in v["peer_ranks"]]
         v["peer_done_ns"] = draw(st.lists(st.integers(0, v["duration_ns"]), min_size=n, max_size=n))
         v["peer_bytes"] = draw(st.lists(st.integers(0, 1 << 62), min_size=n, max_size=n))
+        v["peer_expected_bytes"] = draw(st.lists(st.integers(0, 1 << 62), min_size=n, max_size=n))
 
 
 def _fix_verdict(v: dict[str, Any], draw: st.DrawFn) -> None:

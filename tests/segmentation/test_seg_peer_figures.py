@@ -25,10 +25,10 @@ def _info(flow_peers: list[int] | None) -> OpInfo:
 def _naive(peers: list[int], first: int, end: list[int], vol: list[int], epoch: int):
     out: dict[int, list[int]] = {}
     for p, e, v in zip(peers, end, vol, strict=True):
-        last, nb = out.get(p, [first, 0])
-        out[p] = [max(last, e), nb + v]
+        last, nb, want = out.get(p, [first, 0, 0])
+        out[p] = [max(last, e), nb + v, want + 1]  # _info declares 1 byte per flow
     ks = sorted(out)
-    return ks, [(out[k][0] + 1 - first) * epoch for k in ks], [out[k][1] for k in ks]
+    return ks, [(out[k][0] + 1 - first) * epoch for k in ks], [out[k][1] for k in ks], [out[k][2] for k in ks]
 
 
 @given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 50), st.integers(0, 1 << 40)), min_size=1, max_size=24),
@@ -57,5 +57,6 @@ def test_sim_all_to_all_records_carry_consistent_peer_figures(sim_traces):
     for m in grouped:
         assert m.peer_ranks is not None and m.rank not in m.peer_ranks
         assert sum(m.peer_bytes) == m.volume_bytes  # type: ignore[arg-type]
+        assert sum(m.peer_expected_bytes) == m.expected_bytes  # type: ignore[arg-type]
         assert max(m.peer_done_ns) == m.end_ns - m.start_ns  # type: ignore[arg-type]
     assert all(m.peer_ranks is None for m in recs if m.kind != "GroupP2P")
