@@ -81,6 +81,9 @@ class Finding:
     end_ns: int
     peer_eps: tuple[str, ...] = ()
     """Endpoints this rank sends to (the links its traffic crosses)."""
+    flows: int = 1
+    """Flows the record moved: several to several peers is a relay (one slow link among
+    them makes it slow); one flow is one link whatever peers the rank has flows to."""
 
     def evidence(self) -> dict[str, Any]:
         return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,
@@ -152,7 +155,7 @@ class OpView:
 def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: float) -> Finding:
     r = view.recs[i]
     return Finding(kind, view.comm_id, view.seq, r.rank, r.node, view.endpoints[i], float(value), float(ref),
-                   metric, r.start_ns, r.end_ns, view.peer_eps[i])
+                   metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows)
 
 
 def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None) -> Judgement:

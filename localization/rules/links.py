@@ -135,6 +135,19 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             # (asked first above) is waiting for its receivers to be seen receiving cleanly
             # from others; a fault of x's NIC or PCIe would slow both directions alike
             return {}
+        if all(f.node == x and len(f.peer_eps) > 1 and f.flows > 1 for f in hits):
+            # Every slow record is x's, each sending to several peers at once (a tree
+            # relay): one slow link among them makes it slow, so any of those peers'
+            # downlinks fits as well as x's NIC, until each is seen receiving cleanly from
+            # a third node on that NIC, by a sender that sent to it alone (a clean relay
+            # record says only that its links kept the pace it needed). Sweep 59 #1: two
+            # nodes behind a congested leaf, the tree relay sending to both of them slow,
+            # the relays sending to one of them clean: the first named network-slow.
+            _, _, shown_in = rates or ({}, {}, {})
+            peers = {e for f in hits for e in f.peer_eps if node_of(e) != x}
+            if not all(any(b == e and node_of(a) != x and shown_in.get((a, b), 0.0) >= 0 for a, b in clean)
+                       for e in peers):
+                return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers

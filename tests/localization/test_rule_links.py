@@ -318,3 +318,24 @@ def test_a_shared_answer_is_asked_again_once_its_nics_records_change():
     alive.note(synth.record("a2a", 0, 0, 0, kind=GROUPED, nranks=4, start=MS // 10, end=6 * MS // 10, t_host=0,
                             nic="mlx5_0", nbytes=8 << 20))
     assert alive.shared(f) is True and alive.shared(f) == alive._shared(f)
+
+
+def test_a_tree_relay_alone_slow_waits_until_its_peers_are_seen_receiving_cleanly():
+    # x relays to a, b and c at once (3 flows); only its records are slow. One slow link
+    # among its three makes a record slow, so a's, b's or c's downlink fits as well as x's
+    # NIC: x is named only once each peer NIC is seen receiving cleanly from a sender that
+    # sent to it alone (a clean relay record only kept the pace it needed)
+    from dataclasses import replace
+    to = (ep("a"), ep("b"), ep("c"))
+    slow = {(ep("x"), d): [replace(f, peer_eps=to, flows=3) for f in slow_link(ep("x"), d)] for d in to}
+    relay_in = {(ep("r"), d) for d in to}
+    rates = ({}, {}, {k: -1.0 for k in relay_in})
+    assert slow_link_hypotheses(slow, relay_in, P, rates) == {}
+    single_in = {(ep("s"), d) for d in to}
+    rates = ({}, {}, {**{k: -1.0 for k in relay_in}, **{k: 5.0 for k in single_in}})
+    got = slow_link_hypotheses(slow, relay_in | single_in, P, rates)
+    assert list(got) == [("network-slow", ("x",))]
+    # one flow to one peer per record (Gloo binds a flow to every peer): no relay, named
+    gloo = {k: [replace(f, flows=1) for f in fs] for k, fs in slow.items()}
+    assert list(slow_link_hypotheses(gloo, relay_in, P, ({}, {}, {k: -1.0 for k in relay_in}))) == [
+        ("network-slow", ("x",))]
