@@ -399,7 +399,13 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     bar = p.rate_ratio * ref
     hi = nb / np.maximum(done - epoch, epoch)
     busy = {view.endpoints[i] for i in set(idx) if view.egress_busy is not None and view.egress_busy(i)}
-    slow_ends = _both_ways(src_l, dst_l, hi < bar) - busy
+    # A capped NIC is active through its whole record; a starved host posts late and leaves
+    # it idle between posts (sweep 61 #3: a host at a third of its CPU, its all-to-all
+    # records active 0.76-0.97 of their span, its links slow both ways, named network-slow;
+    # every NIC-capped or lossy culprit seen, 1.0): idle epochs are not the NIC's capacity.
+    idle = {view.endpoints[i] for i in set(idx)
+            if view.recs[i].act_ns < view.recs[i].duration_ns - view.recs[i].epoch_ns}
+    slow_ends = _both_ways(src_l, dst_l, hi < bar) - busy - idle
     # bytes beyond what the operator declared for a peer were resent (go-back-N resends
     # whole windows); a lossy NIC loses both ways, so its links out and in carry them
     extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)

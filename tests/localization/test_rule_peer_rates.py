@@ -20,9 +20,10 @@ LINK_NS = 640_000        # a healthy link's time: 20 epochs
 
 
 def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False, comm: str = "ep0",
-              surplus=None) -> list[OpMetrics]:
+              surplus=None, idle=None) -> list[OpMetrics]:
     """``link_factor(seq, src, dst) -> f``: the link's time is LINK_NS x f; ``surplus(seq,
-    src, dst) -> s``: the link carried s x the bytes declared for it (resent)."""
+    src, dst) -> s``: the link carried s x the bytes declared for it (resent); ``idle(seq,
+    rank) -> f``: the rank's NIC was active f of its record's span."""
     rng = np.random.default_rng(seed)
     out = []
     for seq in range(ops):
@@ -32,14 +33,15 @@ def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False
             done = [int(LINK_NS * (nb[i] / BYTES) * link_factor(seq, r, d) + rng.integers(0, 2) * synth.EPOCH)
                     for i, d in enumerate(peers)]
             done = [-(-x // synth.EPOCH) * synth.EPOCH for x in done]  # whole epochs
-            act = max(done)
+            dur = max(done)
+            act = dur if idle is None else -(-int(dur * idle(seq, r)) // synth.EPOCH) * synth.EPOCH
             start = seq * synth.PERIOD + int(rng.integers(0, 20_000))
             want = nb
             if surplus is not None:
                 nb = [int(b * surplus(seq, r, d)) for b, d in zip(nb, peers, strict=True)]
             vol = sum(nb)
             out.append(OpMetrics(job="job", node=synth.node(r), comm_id=comm, seq=seq, rank=r, kind="GroupP2P",
-                                 nranks=N, start_ns=start, end_ns=start + act, duration_ns=act, act_ns=act,
+                                 nranks=N, start_ns=start, end_ns=start + dur, duration_ns=dur, act_ns=act,
                                  volume_bytes=vol, expected_bytes=sum(want), complete=True, active_rate=vol / (act * 1e-9),
                                  flows=len(peers), epoch_ns=synth.EPOCH, nics=["mlx5_0"], t_host_ns=start - 50_000,
                                  peer_ranks=peers, peer_done_ns=done, peer_bytes=nb,
@@ -138,3 +140,14 @@ def test_a_surplus_on_every_link_or_only_into_one_node_is_no_blame():
     def inward(seq, src, dst):
         return 1.08 if seq >= ONSET and dst == 3 else 1.0
     assert not anomalies(localize(_alltoall(lambda s, a, b: 1.0, surplus=inward), _events(), LocalizeParams()))
+
+
+def test_links_slow_both_ways_at_a_node_whose_nic_sat_idle_are_not_its_nic():
+    # a starved host posts its all-to-all late, both ways: its links crawl, but its NIC is
+    # idle for a sixth of its records' span, which a capped NIC never is
+    def f(seq, src, dst):
+        return 1 / 0.45 if seq >= ONSET and 3 in (src, dst) else 1.0
+
+    def idle(seq, r):
+        return 0.85 if seq >= ONSET and r == 3 else 1.0
+    assert not anomalies(localize(_alltoall(f, idle=idle), _events(), LocalizeParams()))
