@@ -356,9 +356,9 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     slowest receiver), so rank-level figures cannot say which NIC is slow; per peer they
     can. A link's rate is bytes / time from its sender's first byte to its last byte to
     that peer (one clock), taken an epoch shorter (the quantisation bound), against the
-    operator's median link. A NIC that lost capacity is slow both ways: the medians of its
-    links out and of its links in are both below ``rate_ratio`` of the operator's, while
-    every other endpoint has one slow link each way (into and out of it). A receiver
+    operator's median link. A NIC that lost capacity is slow both ways: more than half of
+    its links out and of its links in are below ``rate_ratio`` of the operator's median,
+    while every other endpoint has one slow link each way (into and out of it). A receiver
     whose downlink also carries another communicator's traffic (a pipeline stage's
     activations) is slow only inward; one whose NIC sent records of another kind meanwhile
     (its own clock) is not taken as slow out: its egress was shared. A link is
