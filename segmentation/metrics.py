@@ -57,24 +57,21 @@ def peer_figures(info: OpInfo, first: int, end: np.ndarray, vol: np.ndarray, epo
     peers, inv = np.unique(np.asarray(fp, np.int64), return_inverse=True)
     last = np.full(peers.size, first, np.int64)
     np.maximum.at(last, inv, end)
-    sent = np.bincount(inv, weights=vol, minlength=peers.size).astype(np.int64)
-    want = np.bincount(inv, weights=np.asarray(info.expected, np.float64), minlength=peers.size).astype(np.int64)
+    # integer sums (float weights would round byte counts above 2^53)
+    sent = np.zeros(peers.size, np.int64)
+    np.add.at(sent, inv, vol.astype(np.int64))
+    want = np.zeros(peers.size, np.int64)
+    np.add.at(want, inv, np.asarray(info.expected, np.int64))
     return peers.tolist(), ((last + 1 - first) * epoch).tolist(), sent.tolist(), want.tolist()
-
-
-def build_from(info: OpInfo, clock: NicClock, first: int, last: int, volume: int, complete: bool,
-               act_epochs: int, grant: int = -1) -> OpMetrics:
-    """One record from the reduced figures: first/last active grid epoch over the flows
-    (``first`` -1 when none started), total bytes, whether every flow completed, the
-    union of their active epochs, and the earliest grant epoch (-1 none)."""
-    return build_many([info], clock, [int(first)], [int(last)], [int(volume)], [bool(complete)], [int(act_epochs)],
-                      [int(grant)])[0]
 
 
 def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: list[int], volume: list[int],
                complete: list[bool], act_epochs: list[int], grant: list[int],
                peers: list[PeerFigures | None] | None = None) -> list[OpMetrics]:
-    """:func:`build_from` for many operators (Python ints and bools per argument: they go
+    """Records of many operators from their reduced figures: first/last active grid epoch
+    over the flows (``first`` -1 when none started), total bytes, whether every flow
+    completed, the union of their active epochs, the earliest grant epoch (-1 none) and
+    the per-peer figures of grouped P2P (Python ints and bools per argument: they go
     into the records as they are). Every
     value is computed here from validated inputs, so the records are built trusted (no
     per-field validation), and each record's fields are set as one dict (what
