@@ -21,7 +21,9 @@ time; docs/segmentation.md has the full rationale):
    pause (idle epoch) after the crossing at/after ``earliest`` if any; else at the crossing
    epoch if it is at/after ``earliest`` (the operator gets exactly ``need``, the crossing
    epoch's surplus starts the next operator in that same epoch); else at the first row
-   at/after ``earliest``;
+   at/after ``earliest``; 4b: a crossing epoch that alone carries more than ``slack``
+   beyond ``need``, at/after ``earliest`` and with the next operator's start burst (rule
+   7), then a pause: split at the crossing epoch the same way (not kept as resends);
 5. a gap of more than ``stall`` epochs closes the operator: complete iff it reached ``thr``,
    else incomplete with the bytes seen (a hang);
 6. at the end of the data (``final``) a started operator is complete iff it reached
@@ -201,6 +203,22 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                 cum_b = cum
             if started:
                 g = e - last - 1
+                if g > 0 and crossed and last == ce and row_b == row_c and s_c > slack_k:
+                    # Rule 4b: the crossing epoch alone carried more than the slack beyond
+                    # the volume, at/after the next issue and with the next operator's start
+                    # burst, then the flow paused: the surplus is the next operator's first
+                    # data (both used the crossing epoch), not this one's resends.
+                    started = False
+                    _close(k, start, ce, act_c, need_k, 1, o_start, o_end, o_act, o_vol, o_status)
+                    k += 1
+                    ovr_i = row_c
+                    ovr_b = s_c
+                    i = row_c
+                    carry = s_c
+                    gr = _first_burst(ep, by, lo, i, o_end[k - 1], brx)
+                    consumed = i
+                    g_cons = gr
+                    continue
                 if (g >= gap and cum >= need_k) or g > stall:
                     if g <= merge and not nxt and not final:
                         blocked = True  # whether this is still ours depends on the next op
@@ -362,7 +380,24 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
             # ... nor can a later row still be held for the next operator's start burst
             held = (elig and crossed and rxs and bz < ce and cum - need[k] > slack[k] and idle <= merge
                     and wm[f] <= max(ce, e_next) + merge)
-            if final or idle > stall or (idle >= gap and cum >= need[k] and safe and not held):
+            split = crossed and last == ce and row_b == row_c and s_c > slack[k]  # rule 4b
+            if (final or idle > stall or (idle >= gap and cum >= need[k] and safe and not held)) and split:
+                _close(k, start, ce, act_c, need[k], 1, o_start, o_end, o_act, o_vol, o_status)
+                k += 1
+                if final:
+                    # what the next call would do: the next operator starts in the crossing
+                    # epoch (its start burst is there) with the surplus, and nothing follows
+                    _close(k, ce, ce, 1, s_c, 1 if s_c >= thr[k] else 2, o_start, o_end, o_act, o_vol, o_status)
+                    o_grant[k] = ce
+                    k += 1
+                    consumed = hi
+                    carry = np.int64(-1)
+                    g_cons = _first_burst(ep, by, lo, hi, ce, brx)
+                else:
+                    consumed = row_c
+                    carry = s_c
+                    g_cons = _first_burst(ep, by, lo, row_c, ce, brx)
+            elif final or idle > stall or (idle >= gap and cum >= need[k] and safe and not held):
                 _close(k, start, last, act, cum, 1 if cum >= thr[k] else 2, o_start, o_end, o_act, o_vol, o_status)
                 k += 1
                 consumed = hi

@@ -13,6 +13,13 @@ def bounds(need: int, rel: float = 1e-3, abs_bytes: int = 4096) -> tuple[int, in
     return max(0, math.floor((1.0 - rel) * need) - abs_bytes), math.floor(rel * need) + abs_bytes
 
 
+def split_at_crossing(cross: tuple | None, taken: list, row_b: tuple | None, slack: int) -> bool:
+    """Rule 4b: the crossing epoch is the last taken, carries more than the slack beyond
+    the volume, and brought the next operator's start burst."""
+    return (cross is not None and cross[2] == len(taken) and row_b is not None
+            and row_b[0] == cross[0] and cross[3] > slack)
+
+
 def reference(rows: list[tuple], need: list[int], gap: int, stall: int,
               rel: float = 1e-3, abs_bytes: int = 4096, earliest: list[int] | None = None,
               merge: int | None = None, burst_rx: int = 0,
@@ -53,6 +60,7 @@ def reference(rows: list[tuple], need: list[int], gap: int, stall: int,
         rxs = False   # the operator's rows showed rx bytes
         row_b = None  # (row index, len(taken)) of the first data row after a burst after the crossing
         result = None
+
         j = i
         while j < len(rows):
             e, b, rx = rows[j]
@@ -72,6 +80,9 @@ def reference(rows: list[tuple], need: list[int], gap: int, stall: int,
                 row_b = (j, len(taken))
             if taken:
                 idle = e - taken[-1][0] - 1
+                if idle > 0 and split_at_crossing(cross, taken, row_b, slack):
+                    result, i, carry = (taken[0][0], cross[1], cross[2], need[k], COMPLETE), cross[0], cross[3]
+                    break
                 # rows before the next operator's issue, after a short enough gap, are still
                 # this operator's (late retransmissions); so are rows before the next
                 # operator's start burst when this one carries surplus
@@ -127,6 +138,8 @@ def reference(rows: list[tuple], need: list[int], gap: int, stall: int,
                 if elig and bz >= e and e >= en:
                     row_b = (j, len(taken) - 1)
             j += 1
+        if result is None and split_at_crossing(cross, taken, row_b, slack):
+            result, i, carry = (taken[0][0], cross[1], cross[2], need[k], COMPLETE), cross[0], cross[3]
         if result is None:
             result, i, carry = whole(taken), len(rows), None
         out.append(result)

@@ -378,3 +378,59 @@ def test_grant_long_before_the_send_and_resumed_runs_agree():
                           slack[k:], gap=3, stall=500, carry_in=np.array([part.carry[0]]), burst_rx=512,
                           burst_need=1, grant_in=part.grant_next)
         assert rest.grant.tolist() == full.grant[k:].tolist(), cut
+
+
+def test_crossing_epoch_with_the_next_start_burst_then_a_pause_is_split():
+    # Rule 4b (sweep 61 #0): the crossing epoch carries 300 kB beyond the volume and the
+    # next operator's start burst (512 B rx), issued before, then the flow pauses: those
+    # bytes are the next operator's first, not this one's resends. Kept with the first
+    # operator, every later operator of the flow came out one chunk late and the last
+    # one of a step swallowed the next step's first across the idle gap.
+    N = 1_000_000
+    rows = [(0, 400_000, 512), (1, 400_000, 128), (2, 500_000, 512), (20, 400_000, 128), (21, 300_000, 128)]
+    kw = dict(earliest=[[0, 1]], burst_rx=512, burst_need=1)
+    (ops, _), = check([(rows, [N, N])], **kw)
+    assert ops == [(0, 2, 3, N, 1), (2, 21, 3, N, 1)]
+    # the data ends with the crossing epoch: the next operator holds the surplus
+    (ops, _), = check([(rows[:3], [N, N])], **kw)
+    assert ops == [(0, 2, 3, N, 1), (2, 2, 1, 300_000, 2)]
+    # no start burst in the crossing epoch, or the next operator issued after it: the
+    # surplus before the pause stays (go-back-N resends, rules 2 and 7)
+    quiet = [*rows[:2], (2, 500_000, 128), *rows[3:]]
+    (ops, _), = check([(quiet, [N, N])], merge=10, **kw)
+    assert ops[0] == (0, 2, 3, 1_300_000, 1)
+    (ops, _), = check([(rows, [N, N])], earliest=[[0, 5]], burst_rx=512, burst_need=1)
+    assert ops[0] == (0, 2, 3, 1_300_000, 1)
+    # a within-slack surplus is not split off
+    small = [*rows[:2], (2, 203_000, 512), (20, 400_000, 128), (21, 600_000, 128)]
+    (ops, _), = check([(small, [N, N])], **kw)
+    assert ops[0] == (0, 2, 3, 1_003_000, 1)
+
+
+def test_crossing_epoch_split_resumed_runs_agree():
+    from pulse.segmentation.kernel import pack_rows
+    N = 1_000_000
+    rows = [(0, 400_000, 512), (1, 400_000, 128), (2, 500_000, 512), (20, 400_000, 128), (21, 300_000, 128),
+            (40, 0, 512), (41, 1_000_000, 0)]
+    ep = np.array([r[0] for r in rows], np.int64)
+    by = np.array([r[1] for r in rows], np.int64)
+    packed = pack_rows(by, np.array([r[2] for r in rows], np.int64))
+    need = np.array([N, N, N], np.int64)
+    earliest = np.array([0, 1, 30], np.int64)
+    thr, slack = volume_bounds(need, 1e-3, 4096)
+    kw = dict(gap=3, stall=500, burst_rx=512, burst_need=1)
+    full = run_kernel(np.array([0, ep.size]), ep, packed, np.array([0, 3]), need, thr, slack, earliest=earliest, **kw)
+    assert full.start.tolist() == [0, 2, 41] and full.vol.tolist() == [N, N, N]
+    for cut in range(1, ep.size):
+        for wm in range(int(ep[cut - 1]) + 1, int(ep[cut]) + 1):
+            part = run_kernel(np.array([0, cut]), ep[:cut], packed[:cut], np.array([0, 3]), need, thr, slack,
+                              watermark=np.array([wm]), final=False, earliest=earliest, **kw)
+            k = int(part.next_op[0])
+            for name in ("start", "end", "act", "vol", "status", "grant"):
+                assert getattr(part, name)[:k].tolist() == getattr(full, name)[:k].tolist(), (cut, wm, name)
+            c = int(part.consumed[0])
+            rest = run_kernel(np.array([0, ep.size - c]), ep[c:], packed[c:], np.array([0, 3 - k]), need[k:],
+                              thr[k:], slack[k:], carry_in=np.array([part.carry[0]]), earliest=earliest[k:],
+                              grant_in=part.grant_next, **kw)
+            for name in ("start", "end", "act", "vol", "status", "grant"):
+                assert getattr(rest, name).tolist() == getattr(full, name)[k:].tolist(), (cut, wm, name)
