@@ -6,11 +6,13 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from pulse.events import GROUPED
+from pulse.events import GROUPED, P2P
 from pulse.records import OpMetrics
 
 from .observations import Finding
 from .params import LocalizeParams
+
+SEND, RECV = P2P
 
 
 class AlivePoints:
@@ -52,7 +54,9 @@ class AlivePoints:
                     del spans[:self.p.alive_drop]
 
     def shared(self, f: Finding) -> bool:
-        """Whether ``f``'s slowness is the share of its NIC that an all-to-all took meanwhile: the bytes those records moved while ``f``'s record was on the wire
+        """Whether ``f``'s slowness is the share of its NIC that an all-to-all (or, for a
+        collective, a pipeline send) took meanwhile: the bytes those records moved while
+        ``f``'s record was on the wire
         (pro rata of their own spans, on the same node's clock) at least the bytes ``f``'s
         record would have moved in its extra active time at its own pace, volume x
         (1 - reference / ACT). The reference of a shape is the pace of its records with the
@@ -64,7 +68,12 @@ class AlivePoints:
         drives every link of the NIC at once; a ring or tree collective on the node's own
         NIC is not taken as sharing (counted, a CPU-starved host's pipeline sends, late
         into its own ring traffic, were excused and its host-contention read as
-        network-slow: sweep 11 #9). Only ACT findings: bytes resent are the network's
+        network-slow: sweep 11 #9). A pipeline send shares the NIC's transmit side with a
+        collective's sends (sweep 67 #1: the pipeline sends from a stage into a node whose
+        PCIe was capped lingered on the sender's NICs and slowed its data-parallel ring with
+        its healthy stage-mate, named a slow path before the capped node); a receive does
+        not (a link carries each direction on its own), and nothing shares a receive's
+        side but what the peer sends. Only ACT findings: bytes resent are the network's
         whoever shares the NIC."""
         if f.metric != "act_ns" or f.value <= f.peers:
             return False
@@ -92,7 +101,8 @@ class AlivePoints:
             return False
         other = 0.0
         for st, en, comm, kind, vol in spans[lo:hi]:
-            if comm != f.comm_id and kind != own[3] and kind == GROUPED and en > f.start_ns:
+            if comm != f.comm_id and kind != own[3] and en > f.start_ns and (
+                    kind == GROUPED or (kind == SEND and own[3] != RECV)):
                 other += vol * (min(en, f.end_ns) - max(st, f.start_ns)) / max(en - st, 1)
         return other >= own[4] * (1.0 - f.peers / f.value)
 

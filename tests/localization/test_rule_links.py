@@ -299,6 +299,39 @@ def test_records_that_shared_their_nic_with_another_kind_of_operator_are_not_com
     assert state(GROUPED, metric="volume_ratio") == [(ep(a), ep(b))]  # resent bytes are the network's
 
 
+def test_a_collectives_sends_share_their_nic_with_pipeline_sends_not_with_receives():
+    # sweep 67 #1: node C's PCIe capped; the pipeline sends from B into C lingered on B's
+    # NICs and slowed B's data-parallel ring with its healthy stage-mate A (both ways),
+    # named a slow path A-B before C. A send shares the NIC's transmit side; a receive
+    # uses the other direction of the link and shares nothing with a send.
+    from pulse.localization.observations import LinkObs
+
+    from . import synth
+
+    a, b = synth.node(0), synth.node(1)
+
+    def state(own_kind: str, overlap_kind: str | None):
+        ev, p = evidence(clock_skew_ns=0)
+        own = own_kind.lower()
+        for i in range(12):
+            t = i * MS
+            ev.alive.note(synth.record(own, i, 0, 0, kind=own_kind, nranks=2, start=t, end=t + MS // 2,
+                                       t_host=t, nic="mlx5_0"))
+            if overlap_kind is not None:
+                ev.alive.note(synth.record("pp" + overlap_kind.lower(), i, 0, 0, kind=overlap_kind, nranks=2,
+                                           start=t + MS // 10, end=t + 6 * MS // 10, t_host=t, nic="mlx5_0"))
+            slow = i >= 6
+            f = finding(ACT, a, comm=own, seq=i, endpoint=ep(a), value=2.5, start=t, end=t + MS // 2,
+                        to=(ep(b),)) if slow else None
+            ev.links.add(LinkObs(ep(a), ep(b), slow, f, t + MS // 2))
+        return list(link_state(ev, p)[0])
+
+    assert state("AllReduce", None) == [(ep(a), ep(b))]
+    assert state("AllReduce", "Send") == []                  # 6.4 MB sent meanwhile > 4.8 MB
+    assert state("AllReduce", "Recv") == [(ep(a), ep(b))]    # the other direction
+    assert state("Recv", "Send") == [(ep(a), ep(b))]         # likewise for a receive's finding
+
+
 def test_a_shared_answer_is_asked_again_once_its_nics_records_change():
     """``AlivePoints.shared`` keeps its answer per finding (asked at every evaluation) only
     until a record on the finding's NIC arrives: an all-to-all that closes after the slow
