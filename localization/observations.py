@@ -274,11 +274,10 @@ def _link(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> Link
 
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement,
                stretch: float | None = None) -> None:
-    if ref is None or ref <= 0:
-        return
     recs = view.recs
     epoch = float(recs[0].epoch_ns)
-    if ref < p.min_act_epochs * epoch:
+    if ref is None or ref <= 0 or ref < p.min_act_epochs * epoch:
+        _judge_resent(view, p, out)
         return
     # plain floats (the same float64 arithmetic): an operator has one to a few records,
     # where numpy's per-call cost was most of the work
@@ -318,6 +317,21 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 out.links.append(_link(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
+
+
+def _judge_resent(view: OpView, p: LocalizeParams, out: Judgement) -> None:
+    """Resent bytes alone, for an operator whose ACT says nothing (no reference yet, or
+    too few epochs long to tell slow from quantisation): bytes counted are bytes, whatever
+    the epoch, and go-back-N resends whole windows (sweep 67 #8: 1 MB tree buckets of two
+    128 us epochs, a link at 1.4 % loss, every record of its node resending 1.5-2.7x its
+    bytes, and nothing judged). Only the resending records' links are observed: a link
+    whose timing was not compared is not seen clean."""
+    for i, r in enumerate(view.recs):
+        if r.expected_bytes > 0 and r.volume_bytes >= (1.0 + p.vol_excess) * r.expected_bytes:
+            f = _finding(view, i, ACT, "volume_ratio", r.volume_bytes / r.expected_bytes, 1.0)
+            for d in view.peer_eps[i]:
+                out.links.append(_link(view, i, d, True, f))
+            out.findings.append(f)
 
 
 def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Judgement) -> None:

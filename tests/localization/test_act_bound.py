@@ -170,3 +170,18 @@ def test_resent_bytes_in_an_operator_its_peers_waited_for_are_not_the_network():
     on_time = [dataclasses.replace(r, t_host_ns=0, start_ns=ms, duration_ns=99 * ms) for r in recs]
     out = judge(OpView("c", 0, "AllReduce", view.members, on_time, eps, view.peer_eps, [False] * n), p, 4.0 * E)
     assert any(lk.slow for lk in out.links) and [f.metric for f in out.findings] == ["volume_ratio"]
+
+
+def test_resent_bytes_count_when_the_act_cannot_be_judged():
+    # sweep 67 #8: 1 MB tree buckets of two 128 us epochs, one node's link at 1.4 % loss,
+    # its records resending 1.5-2.7x their bytes: ACT at 2 epochs says nothing, bytes do
+    for ref in (None, 2.0 * E):  # no reference yet; a reference under min_act_epochs
+        out = Judgement()
+        _judge_act(_view([2, 2, 3, 2], vol=[1.0, 2.2, 1.0, 1.01]), P, ref, out)
+        assert [(f.node, f.metric) for f in out.findings] == [("n1", "volume_ratio")]
+        # only the resending record's links are observed, slow; none is seen clean
+        assert {(lk.src, lk.slow) for lk in out.links} == {("n1/mlx5_0", True)}
+        assert len(out.links) == 3
+    out = Judgement()
+    _judge_act(_view([2, 2, 2, 2]), P, None, out)
+    assert not out.links and not out.findings
