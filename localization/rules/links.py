@@ -151,29 +151,34 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
-        if any(host_shaped(slow, p, x) and not capable(slow, clean, rates, x, True, covers) for x in covers):
-            # One end's sends slowed far more than what it receives: a starved host paces
-            # all its sends, so its other traffic never beats the slow links either, and no
-            # cap is shown; what clears an end is then any clean traffic with third nodes
-            # (battery cpu-contention seed 3: node-03 -> node-07 only; the rate test named
-            # node-03's NIC before the host rule could conclude). An end whose other sends
-            # did beat the slow links is no starved host (sweep 53 #0: node-03's sends into
-            # a congested downlink slow, its sends to three other nodes faster): the rates
-            # then still tell which end is capped.
-            rates = None
+        # One end's sends slowed far more than what it receives: a starved host paces all
+        # its sends, so its other traffic never beats the slow links either, and no cap is
+        # shown; what clears that end is then any clean traffic with third nodes (battery
+        # cpu-contention seed 3: node-03 -> node-07 only; the rate test named node-03's NIC
+        # before the host rule could conclude). An end whose other sends did beat the slow
+        # links is no starved host (sweep 53 #0: node-03's sends into a congested downlink
+        # slow, its sends to three other nodes faster): the rates then still tell which end
+        # is capped. The other end keeps the rate test: a receiver capped below its other
+        # senders' all-to-all rates (unknown: shared among their receivers) is not cleared by
+        # them (sweep 71 #1: a PCIe-capped node's one slow sender on 4 NICs, host-shaped,
+        # and the pair was named a path).
+        host_ends = {x for x in covers if host_shaped(slow, p, x) and not capable(slow, clean, rates, x, True, covers)}
+
+        def cap(x: str, sends: bool) -> bool:
+            return capable(slow, clean, None if x in host_ends else rates, x, sends, covers)
 
         def by_path(src: str, dst: str) -> bool:
             # the sender still sends cleanly to a third node, and the receiver still
             # receives cleanly from one, faster than the slow links went: neither NIC
             # explains the slow link
-            return capable(slow, clean, rates, src, True, covers) and capable(slow, clean, rates, dst, False, covers)
+            return cap(src, True) and cap(dst, False)
 
         def healthy(x: str) -> bool:
-            return all((s != x or capable(slow, clean, rates, x, True, covers))
-                       and (d != x or capable(slow, clean, rates, x, False, covers)) for s, d in pairs)
+            return all((s != x or cap(x, True)) and (d != x or cap(x, False)) for s, d in pairs)
+        judged = None if host_ends else rates  # the rate branches below
         nic_pairs = {tuple(sorted(k)) for k in slow}
         ok = [x for x in covers if healthy(x)]
-        if rates is not None and len(ok) == 1 and len(nic_pairs) >= p.path_min_links:
+        if judged is not None and len(ok) == 1 and len(nic_pairs) >= p.path_min_links:
             # one end carries its other traffic faster than the slow links went, in every
             # direction they take; the other end's clean traffic never asked for that much
             # (a PCIe-capped node's all-to-all, bound by fan-in, keeps its usual pace): the
@@ -196,13 +201,18 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             return {}  # both directions of one NIC pair: either NIC or the path, wait
         if not all(any(n in cp for cp in clean_pairs) for n in (a, b)):
             return {}  # nothing yet on a's or b's traffic with third nodes: NIC, host or path
+        if judged is not None and not ok:
+            # neither end's other traffic went faster than the slow links: a cap at either
+            # end explains them as well as the path does (or, with one sender, a cap at the
+            # receiver as well as at the sender: sweep 71 #1, a PCIe-capped receiver whose
+            # all-to-all peers' sends into it were rate-unknown, and the one sender whose
+            # links into it were slow was named)
+            return {}
         if len(senders) == 1:
             x = next(iter(senders))
+            if x in ok:
+                return {}  # the sender's other sends beat the slow links: not its NIC
             return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
-        if rates is not None and not ok:
-            # neither end's other traffic went faster than the slow links: a cap at either
-            # end explains them as well as the path does
-            return {}
         return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
         return {}

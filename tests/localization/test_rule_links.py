@@ -372,3 +372,38 @@ def test_a_tree_relay_alone_slow_waits_until_its_peers_are_seen_receiving_cleanl
     gloo = {k: [replace(f, flows=1) for f in fs] for k, fs in slow.items()}
     assert list(slow_link_hypotheses(gloo, relay_in, P, ({}, {}, {k: -1.0 for k in relay_in}))) == [
         ("network-slow", ("x",))]
+
+
+def test_a_host_shaped_sender_and_a_receiver_cleared_only_by_all_to_all_senders_are_no_path():
+    # sweep 71 #1: node y's PCIe capped; x's sends into y slow on 4 NICs (x host-shaped:
+    # only its sends slow), x's other sends no faster than the slow links, and y seen
+    # receiving cleanly only from all-to-all senders (their rate is shared among their
+    # receivers: -1, unknown). Named a path {x, y} (y's clean receives cleared it with no
+    # rate), then x network-slow; a cap at y explains it as well: nobody yet.
+    slow = {(ep("x", k), ep("y", k)): slow_link(ep("x", k), ep("y", k), 6, comm=f"c{k}") for k in range(4)}
+    others = {(ep("x", k), ep("z", k)) for k in range(4)}
+    a2a_in = {(ep("w", k), ep("y", k)) for k in range(4)}
+    back = {(ep("y", k), ep("x", k)) for k in range(4)}
+    slow_hi = dict.fromkeys(slow, 10.0)
+    clean_lo = dict.fromkeys(others, 8.0)
+    rates = (slow_hi, clean_lo, dict.fromkeys(a2a_in, -1.0))
+    assert slow_link_hypotheses(slow, others | a2a_in | back, P, rates) == {}
+    # y seen receiving from a single-peer sender faster than the slow links went: y's
+    # downlink works, and x's host (the rule asked first) is what is left
+    single_in = {(ep("v", k), ep("y", k)) for k in range(4)}
+    rates = (slow_hi, clean_lo, {**dict.fromkeys(a2a_in, -1.0), **dict.fromkeys(single_in, 20.0)})
+    got = slow_link_hypotheses(slow, others | a2a_in | single_in | back, P, rates)
+    assert list(got) == [("host-contention", ("x",))]
+
+
+def test_one_sender_into_a_receiver_no_rate_clears_is_neither_named_nor_a_path():
+    # sweep 71 #1, later: x -> y slow on 2 of 4 NICs (x's other sends beat nothing, y's
+    # receives shown only by all-to-all senders, y -> x clean): a cap at y fits as well
+    # as one at x or the path; named a path, then x
+    slow = {(ep("x", k), ep("y", k)): slow_link(ep("x", k), ep("y", k), 6, comm=f"c{k}") for k in (2, 3)}
+    others = {(ep("x", k), ep("z", k)) for k in range(4)}
+    a2a_in = {(ep("w", k), ep("y", k)) for k in range(4)}
+    rx_x = {(ep("z", k), ep("x", k)) for k in range(4)}
+    back = {(ep("y", k), ep("x", k)) for k in range(4)}
+    rates = (dict.fromkeys(slow, 14.4), dict.fromkeys(others, 11.7), dict.fromkeys(a2a_in, -1.0))
+    assert slow_link_hypotheses(slow, others | a2a_in | rx_x | back, P, rates) == {}
