@@ -84,6 +84,14 @@ class Finding:
     flows: int = 1
     """Flows the record moved: several to several peers is a relay (one slow link among
     them makes it slow); one flow is one link whatever peers the rank has flows to."""
+    epoch_ns: int = 0
+    """The record's epoch (0: unknown): an ACT within one of its wire span left its NIC
+    busy throughout."""
+
+    def busy(self) -> bool:
+        """An ACT finding whose record was active through its span (within an epoch): what
+        a capped NIC or link does, unlike a starved host's sends, idle between late posts."""
+        return self.metric == "act_ns" and self.value >= (self.end_ns - self.start_ns) - self.epoch_ns
 
     def evidence(self) -> dict[str, Any]:
         return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,
@@ -155,7 +163,7 @@ class OpView:
 def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: float) -> Finding:
     r = view.recs[i]
     return Finding(kind, view.comm_id, view.seq, r.rank, r.node, view.endpoints[i], float(value), float(ref),
-                   metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows)
+                   metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows, r.epoch_ns)
 
 
 def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None) -> Judgement:

@@ -96,12 +96,21 @@ def test_a_sender_whose_other_sends_beat_the_slow_links_is_no_starved_host():
     # faster than those links got, and b is seen receiving only from an all-to-all (its
     # share unknown): b's capped downlink explains it, a's host does not
     from pulse.localization.rules.links import slow_link_hypotheses
-    slow = {(ep("a", k), ep("b", k)): slow_link(ep("a", k), ep("b", k), excess=1.5) for k in (0, 1)}
+    from dataclasses import replace
+
+    # records active through their wire span, as a capped downlink keeps its senders
+    slow = {(ep("a", k), ep("b", k)): [replace(f, value=float(f.end_ns - f.start_ns), epoch_ns=32_000)
+                                       for f in slow_link(ep("a", k), ep("b", k), excess=1.5)] for k in (0, 1)}
     clean = {(ep("a", 0), ep("c", 0)), (ep("d", 0), ep("b", 0)), (ep("b", 1), ep("a", 1))}
     slow_hi = {k: 10.0 for k in slow}
     sends = {(ep("a", 0), ep("c", 0)): 25.0, (ep("d", 0), ep("b", 0)): 25.0, (ep("b", 1), ep("a", 1)): 25.0}
     into = {(ep("a", 0), ep("c", 0)): 25.0, (ep("d", 0), ep("b", 0)): -1.0, (ep("b", 1), ep("a", 1)): 25.0}
     assert list(slow_link_hypotheses(slow, clean, P, (slow_hi, sends, into))) == [("network-slow", ("b",))]
+    # the slow sends left their NICs idle for more than an epoch (a third of each span):
+    # no cap paces them so, a starved host's late posts do (sweep 79 #3: the healthy
+    # receiver was named network-slow) - b is not named
+    idle = {k: [replace(f, value=f.value * 2 / 3) for f in fs] for k, fs in slow.items()}
+    assert ("network-slow", ("b",)) not in slow_link_hypotheses(idle, clean, P, (slow_hi, sends, into))
     # a's other sends no faster than the slow links: its host may pace them all, b is not named
     slower = {**sends, (ep("a", 0), ep("c", 0)): 9.0}
     assert ("network-slow", ("b",)) not in slow_link_hypotheses(slow, clean, P, (slow_hi, slower, into))

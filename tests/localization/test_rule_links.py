@@ -407,3 +407,21 @@ def test_one_sender_into_a_receiver_no_rate_clears_is_neither_named_nor_a_path()
     back = {(ep("y", k), ep("x", k)) for k in range(4)}
     rates = (dict.fromkeys(slow, 14.4), dict.fromkeys(others, 11.7), dict.fromkeys(a2a_in, -1.0))
     assert slow_link_hypotheses(slow, others | a2a_in | rx_x | back, P, rates) == {}
+
+
+def test_relays_of_other_nodes_sharing_one_peer_do_not_name_that_peer():
+    # sweep 79 #7: a NIC at 44 % on node-00 of a 10-node tree; the relay records of two
+    # other nodes (p to a, b, x; q to c, d, x) were slow, x a peer of both, and x was named.
+    # In a pipelined tree a relay's pace is its inputs': the slow link may be upstream.
+    from dataclasses import replace
+
+    def relay(src: str, to: tuple[str, ...]) -> dict:
+        peers = tuple(ep(d) for d in to)
+        fs = [replace(f, peer_eps=peers, flows=len(peers)) for f in slow_link(ep(src), peers[0], 6, comm="t")]
+        return {(ep(src), d): fs for d in peers}
+
+    slow = {**relay("p", ("a", "b", "x")), **relay("q", ("c", "d", "x"))}
+    assert slow_link_hypotheses(slow, set(), P) == {}
+    # x's own relay record slow too: x is in every slow record, its own among them
+    slow.update(relay("x", ("p", "q", "e")))
+    assert list(slow_link_hypotheses(slow, set(), P)) == [("network-slow", ("x",))]
