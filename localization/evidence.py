@@ -34,6 +34,7 @@ from .observations import Finding, LinkObs
 from .params import LocalizeParams
 from .robust import MAD_TO_SIGMA, RollingRef, mad, median
 from .stop_evidence import StopEvidence
+from .stragglers import Stragglers
 from .topology import Topology
 
 Link = tuple[str, str]
@@ -433,6 +434,7 @@ class Evidence:
         """True when data ends are fed (the engine): a node without one then has sent no
         epoch data at all, even when no node has (a bare ``localize()`` call may feed none)."""
         self.refs = References(p)
+        self.stragglers = Stragglers(p)
         self.links = LinkWindows(p)
         self.late = Lateness(p)
         self.late_base = LateBaselines(p)

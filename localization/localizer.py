@@ -219,7 +219,8 @@ class Localizer:
         ev, p = self.ev, self.p
         ordered = [recs[r] for r in sorted(recs)]
         view = self._view(comm, seq, ordered)
-        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]))
+        stragglers = ev.stragglers.observe(comm, ordered, [len(e) for e in view.peer_eps])
+        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]), stragglers)
         if all(r.complete for r in ordered):
             ev.refs.add(ordered)
         ev.closed_ops += 1

@@ -30,7 +30,7 @@ in between; see docs/localization.md, "Clock skew".
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -166,10 +166,13 @@ def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: fl
                    metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows, r.epoch_ns)
 
 
-def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None) -> Judgement:
+def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None,
+          stragglers: Collection[int] = ()) -> Judgement:
     """Observations of one closed operator. ``act_ref``: the job-wide reference ACT of
     operators of this shape (None while too few have been seen); ``stretch``: how far above
-    its reference a healthy record of the shape went (:meth:`.evidence.References.stretch`)."""
+    its reference a healthy record of the shape went (:meth:`.evidence.References.stretch`);
+    ``stragglers``: indices of records that are their collective's consistent stragglers
+    (:class:`.stragglers.Stragglers`), slow whatever the per-operator bound says."""
     out = Judgement()
     n = len(view.recs)
     if n == 0:
@@ -203,7 +206,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float
     if view.kind == GROUPED:
         _judge_rate(view, p, act_ref, out)
     else:
-        _judge_act(view, p, act_ref, out, stretch)
+        _judge_act(view, p, act_ref, out, stretch, stragglers)
     if view.kind in P2P:
         for r in view.recs:
             if r.t_host_ns is not None:
@@ -281,7 +284,7 @@ def _link(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> Link
 
 
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement,
-               stretch: float | None = None) -> None:
+               stretch: float | None = None, stragglers: Collection[int] = ()) -> None:
     recs = view.recs
     epoch = float(recs[0].epoch_ns)
     if ref is None or ref <= 0 or ref < p.min_act_epochs * epoch:
@@ -308,8 +311,12 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
     top_from = amax - max(epoch, p.act_top_frac * amax)
     vol = [float(r.volume_bytes) / max(float(r.expected_bytes), 1.0) if r.expected_bytes > 0 else 1.0
            for r in recs]
-    slow = [a >= bound and (len(view.peer_eps[i]) < 2
-                            or (a > relay_max if relay_max is not None else recs[i].flows < 2))
+    # a consistent straggler's operator is slow as any other: the records as busy as it
+    # (the one sending into its NIC, within ``act_top_frac``) with it
+    near = min((act[i] for i in stragglers), default=float("inf"))
+    near -= max(epoch, p.act_top_frac * near)
+    slow = [a >= near or (a >= bound and (len(view.peer_eps[i]) < 2
+                                          or (a > relay_max if relay_max is not None else recs[i].flows < 2)))
             for i, a in enumerate(act)]
     resent = [v >= 1.0 + p.vol_excess for v in vol]
     slow_op = any(slow) or any(resent)

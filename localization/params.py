@@ -88,6 +88,12 @@ class LocalizeParams:
     of the largest ACT) of the largest carry the blame (the ranks sending out of, or into,
     the bottleneck stay busiest; their neighbours in a throttled ring differ from them by
     well under 1 %)."""
+    straggler_alpha: float = 1e-3
+    """Chance, per window of ``window_ops`` operators of a communicator, that a healthy
+    symmetric collective shows a consistent straggler (:mod:`.stragglers`): with ranks alike,
+    each is the clear slowest of an operator at most 1/n of the time, and a rank must be so
+    in as many of the window as keeps the binomial tail, over all n ranks, below this
+    (4 ranks: 10 of 12; 8 ranks: 8 of 12; 3 ranks: 11 of 12)."""
     min_act_epochs: int = 4
     """Shapes whose reference ACT is below this many epochs are too short to compare: a
     single epoch of quantisation is then more than the ratio above."""
@@ -321,6 +327,8 @@ class LocalizeParams:
             raise ConfigError("LocalizeParams.late_spread_k must be > 0 and late_floor_epochs >= 0")
         if self.act_ratio <= 1.0:
             raise ConfigError("LocalizeParams.act_ratio must be > 1")
+        if not 0 < self.straggler_alpha < 1:
+            raise ConfigError("LocalizeParams.straggler_alpha must be in (0, 1)")
         if not 0 < self.rate_ratio < 1 or not 0 < self.stop_frac < 1:
             raise ConfigError("LocalizeParams.rate_ratio and stop_frac must be in (0, 1)")
         for name in ("ref_size", "rail_max_records", "rail_siblings_max", "rail_siblings_drop", "alive_max",

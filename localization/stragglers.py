@@ -1,0 +1,93 @@
+"""A rank that is the clear slowest of its symmetric collective, operator after operator.
+
+The per-operator ACT test (:func:`.observations.slow_act_bound`) needs a record to be
+``act_ratio`` beyond the job's reference in each operator, a margin sized for one
+operator's noise. A link that is only somewhat slower (TCP at 1-2 % loss: its sender's ACT
+1.2-1.3x the others', every operator) sits at that margin and is caught in some runs and not
+in others (lab, loss:1:2: one run in three with 6 of 30 operators over the bound, no
+verdict; the same rank was the slowest of its ring in 28 of those 30).
+
+Consistency is the stronger evidence. In a collective where every rank moves the same
+bytes over one flow (a ring), ranks are alike: which of them is the slowest changes from
+operator to operator, so a rank that is the clear slowest in ``k`` of the communicator's
+last ``window_ops`` operators is no accident once the binomial tail of ``k`` successes at
+1/n each, summed over the n ranks, is below ``straggler_alpha``. "Clear" also asks a margin
+no healthy jitter keeps up: half the per-operator ratio's, beyond an epoch of quantisation
+either way, over the median of the other ranks of the same operator (the same operator:
+step-to-step changes of pace cancel). Such a rank's records are slow from then on, while it
+stays that way; the link rules decide, as for any slow record, which end or path it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from functools import lru_cache
+
+import numpy as np
+
+from pulse.events import GROUPED, P2P
+from pulse.records import OpMetrics
+
+from .params import LocalizeParams
+
+
+@lru_cache(maxsize=256)
+def consistent_count(n: int, window: int, alpha: float) -> int:
+    """The fewest operators of ``window`` in which one of ``n`` exchangeable ranks must be
+    the slowest for the chance that any rank gets there by luck to stay below ``alpha``
+    (``window + 1``: no count is enough)."""
+    q = 1.0 / n
+    for k in range(1, window + 1):
+        tail = sum(math.comb(window, j) * q**j * (1 - q) ** (window - j) for j in range(k, window + 1))
+        if n * tail <= alpha:
+            return k
+    return window + 1
+
+
+def symmetric(ordered: list[OpMetrics], peers: list[int], p: LocalizeParams) -> bool:
+    """Every rank moved the same bytes to one peer over as many flows: its ranks are alike
+    (a ring, on one channel or several; a tree's relays and leaves, P2P and grouped
+    operators are not). ``peers``: per record, how many peers its rank has send flows to;
+    a record that moved one flow sent to one of them whatever that says (Gloo binds a flow
+    to every peer)."""
+    r0 = ordered[0]
+    return (len(ordered) >= p.min_ranks and r0.kind not in P2P and r0.kind != GROUPED
+            and all(r.complete and r.act_ns > 0 and r.flows == r0.flows and r.expected_bytes == r0.expected_bytes
+                    and (r.flows == 1 or n == 1) for r, n in zip(ordered, peers, strict=True)))
+
+
+def clear_slowest(act: np.ndarray, epoch: float, ratio: float) -> int:
+    """The index of the record that is the slowest by ``ratio`` over the median of the
+    others, an epoch of quantisation either way (-1: none)."""
+    i = int(np.argmax(act))
+    others = np.delete(act, i)
+    if act[i] <= others.max():
+        return -1
+    return i if act[i] - epoch >= ratio * (float(np.median(others)) + epoch) else -1
+
+
+class Stragglers:
+    """Per communicator, which rank was the clear slowest of each of its last
+    ``window_ops`` symmetric operators."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self.ratio = 1.0 + (p.act_ratio - 1.0) / 2.0
+        self._last: dict[str, deque[int]] = {}
+
+    def observe(self, comm: str, ordered: list[OpMetrics], peers: list[int]) -> frozenset[int]:
+        """Record one closed operator of ``comm`` (its records in rank order, and how many
+        peers each rank sends to: :func:`symmetric`); the indices of the records that are
+        consistent stragglers in it."""
+        if not symmetric(ordered, peers, self.p):
+            return frozenset()
+        act = np.fromiter((r.act_ns for r in ordered), np.float64, len(ordered))
+        i = clear_slowest(act, float(ordered[0].epoch_ns), self.ratio)
+        last = self._last.setdefault(comm, deque(maxlen=self.p.window_ops))
+        rank = ordered[i].rank if i >= 0 else -1
+        last.append(rank)
+        if i < 0 or len(last) < last.maxlen:  # type: ignore[operator]
+            return frozenset()
+        k = consistent_count(len(ordered), self.p.window_ops, self.p.straggler_alpha)
+        return frozenset((i,)) if last.count(rank) >= k else frozenset()
