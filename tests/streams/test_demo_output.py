@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,26 @@ def _demo(broker: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str
                           timeout=240)
 
 
+@pytest.fixture(scope="module")
+def demo_runs(broker: str, battery: dict[str, Path],
+              tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """``pulse demo --trace`` on every scenario, three at a time: each spends most of its
+    wall time waiting (its worker's start, the quiet period after the stream), not
+    computing, and each has its own topics and directories."""
+    root = tmp_path_factory.mktemp("demo-runs")
+
+    def one(name: str) -> subprocess.CompletedProcess[str]:
+        (root / name).mkdir()
+        return _demo(broker, root / name, "--trace", str(battery[name]), "--speed", "4")
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        return dict(zip(SCENARIOS, pool.map(one, SCENARIOS), strict=True))
+
+
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_demo_trace_runs_clean_on_every_scenario(broker: str, battery: dict[str, Path], tmp_path: Path,
+def test_demo_trace_runs_clean_on_every_scenario(demo_runs: dict[str, subprocess.CompletedProcess[str]],
                                                  name: str) -> None:
-    r = _demo(broker, tmp_path, "--trace", str(battery[name]), "--speed", "4")
+    r = demo_runs[name]
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Traceback" not in r.stderr
     lines = [x for x in r.stderr.splitlines() if x.strip()]
