@@ -95,8 +95,9 @@ def test_a_sender_whose_other_sends_beat_the_slow_links_is_no_starved_host():
     # a's sends into b slow on two NICs (the host's shape from a's side), but a sends to c
     # faster than those links got, and b is seen receiving only from an all-to-all (its
     # share unknown): b's capped downlink explains it, a's host does not
-    from pulse.localization.rules.links import slow_link_hypotheses
     from dataclasses import replace
+
+    from pulse.localization.rules.links import slow_link_hypotheses
 
     # records active through their wire span, as a capped downlink keeps its senders
     slow = {(ep("a", k), ep("b", k)): [replace(f, value=float(f.end_ns - f.start_ns), epoch_ns=32_000)
