@@ -8,7 +8,7 @@ in others (lab, loss:1:2: one run in three with 6 of 30 operators over the bound
 verdict; the same rank was the slowest of its ring in 28 of those 30).
 
 Consistency is the stronger evidence. In a collective where every rank moves the same
-bytes over one flow (a ring), ranks are alike: which of them is the slowest changes from
+bytes to one peer (a ring), ranks are alike: which of them is the slowest changes from
 operator to operator, so a rank that is the clear slowest in ``k`` of the communicator's
 last ``window_ops`` operators is no accident once the binomial tail of ``k`` successes at
 1/n each, summed over the n ranks, is below ``straggler_alpha``. "Clear" also asks a margin
