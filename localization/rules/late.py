@@ -77,14 +77,6 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
         gaps[r.rank] = float(r.t_host_ns - done)
     if f.rank not in gaps or len(gaps) < 2:
         return False
-    if gaps[f.rank] < -(ordered[0].epoch_ns + 2 * p.clock_skew_ns):
-        # a rank that issued before its previous operator ended was not held by that end
-        # (lab, a rank at 5 % of a core: the first bucket of each step issued 97-100 ms
-        # before its own last bucket of the step before ended, every third operator
-        # vetoed, 11 of 16 late where 12 are asked: healthy). The end is a wire end, an
-        # epoch coarse, and may be a ring predecessor's on its clock: only an issue earlier
-        # than that by more says so.
-        return False
     others = median([g for rk, g in gaps.items() if rk != f.rank])
     # each gap that ends at a ring predecessor's end (its clock) and starts at the rank's
     # own issue may be one skew bound off, two between the rank's gap and the others';
