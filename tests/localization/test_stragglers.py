@@ -73,3 +73,13 @@ def test_a_rank_a_little_slower_in_every_operator_is_named():
 def test_the_same_slowness_in_every_other_operator_or_a_smaller_one_always_is_not():
     assert not anomalies(run(_mild(1.2, every=2), ops=60))
     assert not anomalies(run(_mild(1.1), ops=60))
+
+
+def test_a_straggler_alpha_outside_0_1_is_a_config_error():
+    import pytest
+    from pulse.errors import ConfigError, PulseError
+
+    assert issubclass(ConfigError, PulseError)
+    for bad in (0.0, 1.0, -0.5, 2.0):
+        with pytest.raises(ConfigError, match="straggler_alpha"):
+            LocalizeParams(straggler_alpha=bad)
