@@ -77,6 +77,7 @@ def test_the_same_slowness_in_every_other_operator_or_a_smaller_one_always_is_no
 
 def test_a_straggler_alpha_outside_0_1_is_a_config_error():
     import pytest
+
     from pulse.errors import ConfigError, PulseError
 
     assert issubclass(ConfigError, PulseError)
