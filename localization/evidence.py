@@ -238,6 +238,9 @@ class Lateness:
         self.all_waits: deque[float] = deque(maxlen=p.job_waits_window)
         self.prev: dict[tuple[str, int], OpMetrics] = {}
         """(comm, rank) -> its last judged operator's record."""
+        self.own: dict[tuple[str, int], int] = {}
+        """(comm, rank) -> the last operator it arrived late into by its own compute gap
+        (a late finding the compute-gap veto did not explain)."""
 
     def add(self, node: str, comm: str, f: Finding | None) -> None:
         lw = self.windows[(node, comm)]

@@ -41,7 +41,7 @@ from .evidence import Evidence, node_of
 from .observations import ABSENT, ISSUE_LAG, LATE, MISSING, STALL, Finding, OpView, judge
 from .params import LocalizeParams
 from .rules import hypotheses
-from .rules.late import late_explained
+from .rules.late import late_findings
 from .rules.rail import judge_rails
 from .topology import Topology
 
@@ -235,7 +235,7 @@ class Localizer:
             r = ordered[i]
             cands.setdefault(r.rank, Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag, base,
                                              ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i]))
-        late = {rk: f for rk, f in cands.items() if not late_explained(ev, p, comm, seq, f, ordered)}
+        late = late_findings(ev, p, comm, seq, cands, ordered)
         for r in ordered:
             ev.late.prev[(comm, r.rank)] = r
         if len(ordered) >= p.late_min_ranks and j.judged:

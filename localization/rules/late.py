@@ -84,6 +84,29 @@ def late_explained(ev: Evidence, p: LocalizeParams, comm: str, seq: int, f: Find
     return gaps[f.rank] - others < p.late_gap_frac * lateness(f) + (2 * p.clock_skew_ns if mixed else 0)
 
 
+def late_findings(ev: Evidence, p: LocalizeParams, comm: str, seq: int, cands: dict[int, Finding],
+                  ordered: list[OpMetrics]) -> dict[int, Finding]:
+    """The late findings of one operator that stand: those the compute-gap veto does not
+    explain, and those it does where the late end it points to was the rank's own doing -
+    the rank had arrived late into that previous operator by its own compute gap. A
+    straggler late into an operator finishes its part of it late (Gloo reduces on the CPU:
+    the lab's rank at 5 % of a core sent its last chunk of a step 200 ms after its peers
+    their last), and DDP queues the next bucket before that end; the veto then read its
+    next lateness as a wait for the network, one operator of three (the first bucket of
+    each step), and the window held 11 of 16 where 12 are asked. The chain is one operator
+    deep: a lateness kept this way does not keep the next, so one healthy rank's noise that
+    escaped the veto once cannot turn a network victim's late ends into its own."""
+    out: dict[int, Finding] = {}
+    own = ev.late.own
+    for rk, f in cands.items():
+        if not late_explained(ev, p, comm, seq, f, ordered):
+            out[rk] = f
+            own[(comm, rk)] = seq
+        elif own.get((comm, rk)) == seq - 1:
+            out[rk] = f
+    return out
+
+
 def waits_on(ev: Evidence, blamed: set[str]) -> set[str]:
     """The nodes of the blamed nodes' pipeline chains: their point-to-point (two-rank
     communicator) peers, those peers' peers, and so on. A straggler in stage s delays the

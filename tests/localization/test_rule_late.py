@@ -4,7 +4,7 @@ previous-operator ends."""
 from __future__ import annotations
 
 from pulse.localization.observations import LATE
-from pulse.localization.rules.late import late_explained, late_hypotheses
+from pulse.localization.rules.late import late_explained, late_findings, late_hypotheses
 
 from . import synth
 from .findings import MS, evidence, finding
@@ -104,6 +104,12 @@ def test_the_pipeline_peer_of_a_blamed_node_and_blamed_nodes_are_not_stragglers(
 
 def _gap_case(own_prev_end: int, pred_prev_end: int = 0, own_prev_issue: int = -10 * MS,
               pred_act: int = 320_000, **kw):
+    ev, p, f, ordered = _gap_setup(own_prev_end, pred_prev_end, own_prev_issue, pred_act, **kw)
+    return late_explained(ev, p, "c0", 5, f, ordered)
+
+
+def _gap_setup(own_prev_end: int, pred_prev_end: int = 0, own_prev_issue: int = -10 * MS,
+               pred_act: int = 320_000, **kw):
     """Rank 0 (ring c0 = 0 -> 1 -> ... -> 4) issues seq 5 at 55 ms, the others at 5 ms after
     their previous operators (issued at -10 ms) ended at 0; rank 0's previous (issued at
     ``own_prev_issue``) ended at ``own_prev_end`` and its ring predecessor's (rank 4, active
@@ -120,7 +126,7 @@ def _gap_case(own_prev_end: int, pred_prev_end: int = 0, own_prev_issue: int = -
     ordered = [synth.record("c0", 5, r, r, kind="AllReduce", nranks=5, start=60 * MS, end=61 * MS,
                             t_host=(55 if r == 0 else 5) * MS, nic="mlx5_0") for r in range(5)]
     f = finding(LATE, A, comm="c0", seq=5, rank=0, value=MS, ref=51 * MS, metric="issue_to_end_ns")
-    return late_explained(ev, p, "c0", 5, f, ordered)
+    return ev, p, f, ordered
 
 
 def test_late_after_a_normal_gap_behind_a_late_previous_operator_waited_for_the_network():
@@ -137,6 +143,25 @@ def test_a_predecessor_held_up_by_the_ranks_own_receive_window_is_no_excuse():
     # sat waiting for the rank to drain them (a CPU-starved receiver), so its next lateness
     # after a long gap is its own.
     assert not _gap_case(own_prev_end=0, pred_prev_end=50 * MS, own_prev_issue=30 * MS)
+
+
+def test_a_late_end_the_rank_made_itself_by_arriving_late_is_no_excuse():
+    # Rank 0's previous operator ended 45 ms after the others' (the veto alone would call
+    # its lateness a wait for that end), but the rank had arrived late into that operator
+    # by its own compute gap: the late end was its own doing (lab, a rank at 5 % of a core
+    # under DDP: the first bucket of each step excused this way, 11 of 16 late, healthy).
+    ev, p, f, ordered = _gap_setup(own_prev_end=50 * MS)
+    assert late_findings(ev, p, "c0", 5, {0: f}, ordered) == {}  # on time into seq 4: the network's
+    ev.late.own[("c0", 0)] = 4
+    assert late_findings(ev, p, "c0", 5, {0: f}, ordered) == {0: f}
+    # one operator deep: a lateness kept that way does not keep the next one, so a network
+    # victim's noise that once escaped the veto does not make its late ends its own
+    assert ev.late.own[("c0", 0)] == 4
+    ev.late.own[("c0", 0)] = 3
+    assert late_findings(ev, p, "c0", 5, {0: f}, ordered) == {}
+    # a lateness the veto does not explain is the rank's own, and recorded as such
+    ev, p, f, ordered = _gap_setup(own_prev_end=0)
+    assert late_findings(ev, p, "c0", 5, {0: f}, ordered) == {0: f} and ev.late.own[("c0", 0)] == 5
 
 
 def test_late_after_a_long_compute_gap_is_its_own():
