@@ -82,11 +82,15 @@ def _save_stream(s: Settings, out: Path) -> Path:
             tw.write_events(decode_many(m.value))
         for m in samples:
             tw.write_batch(decode(m.value))
-    # and as they arrived (broker timestamps), to replay the stream's own timing
+    # and as they arrived (broker timestamps), to replay the stream's own timing; the
+    # operator metrics too (the edge agents' and the worker's segmentation: the localizer's
+    # whole input, to replay it with `Localizer.update` when the verdicts differ)
+    ops = asyncio.run(read_back(s.broker or "", s.topics.op_metrics, timeout_s=10))
+    names = {s.topics.hook_events: "hooks", s.topics.samples: "samples", s.topics.op_metrics: "op-metrics"}
     with open(out / "messages.jsonl", "wb") as fh:
-        for topic, msgs in ((s.topics.hook_events, hooks), (s.topics.samples, samples)):
+        for topic, msgs in ((s.topics.hook_events, hooks), (s.topics.samples, samples), (s.topics.op_metrics, ops)):
             for m in msgs:
-                fh.write(orjson.dumps({"topic": "hooks" if topic == s.topics.hook_events else "samples",
+                fh.write(orjson.dumps({"topic": names[topic],
                                        "ts": m.timestamp, "partition": m.partition, "offset": m.offset,
                                        "value": m.value.hex()}) + b"\n")
     return out
