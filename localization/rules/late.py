@@ -94,8 +94,8 @@ def late_findings(ev: Evidence, p: LocalizeParams, comm: str, seq: int, cands: d
     their last), and DDP queues the next bucket before that end; the veto then read its
     next lateness as a wait for the network, one operator of three (the first bucket of
     each step), and the window held 11 of 16 where 12 are asked. The chain is one operator
-    deep: a lateness kept this way does not keep the next, so one healthy rank's noise that
-    escaped the veto once cannot turn a network victim's late ends into its own."""
+    deep: a lateness kept this way does not keep the next, so a network victim's one noisy
+    finding that escaped the veto cannot turn its later late ends into its own."""
     out: dict[int, Finding] = {}
     own = ev.late.own
     for rk, f in cands.items():

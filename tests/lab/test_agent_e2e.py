@@ -84,7 +84,7 @@ def _save_stream(s: Settings, out: Path) -> Path:
             tw.write_batch(decode(m.value))
     # and as they arrived (broker timestamps), to replay the stream's own timing; the
     # operator metrics too (the edge agents' and the worker's segmentation: the localizer's
-    # whole input, to replay it with `Localizer.update` when the verdicts differ)
+    # whole input, to replay through `LocalizeState.handle` when the verdicts differ)
     ops = asyncio.run(read_back(s.broker or "", s.topics.op_metrics, timeout_s=10))
     names = {s.topics.hook_events: "hooks", s.topics.samples: "samples", s.topics.op_metrics: "op-metrics"}
     with open(out / "messages.jsonl", "wb") as fh:

@@ -146,7 +146,7 @@ def test_a_predecessor_held_up_by_the_ranks_own_receive_window_is_no_excuse():
 
 
 def test_a_late_end_the_rank_made_itself_by_arriving_late_is_no_excuse():
-    # Rank 0's previous operator ended 45 ms after the others' (the veto alone would call
+    # Rank 0's previous operator ended 50 ms after the others' (the veto alone would call
     # its lateness a wait for that end), but the rank had arrived late into that operator
     # by its own compute gap: the late end was its own doing (lab, a rank at 5 % of a core
     # under DDP: the first bucket of each step excused this way, 11 of 16 late, healthy).
