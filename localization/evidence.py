@@ -9,8 +9,10 @@ the job's topology and the end of each node's data.
 * :class:`LinkWindows` - per directed NIC-to-NIC link, its last observations (slow/clean).
 * :class:`Lateness` - per (node, communicator), late arrivals; point-to-point waits; the
   end of each rank's previous operator (its compute gap).
-* :class:`LateBaselines` - each rank's own baseline issue lag, and per communicator shape
+* :class:`.late_baselines.LateBaselines` - each rank's own baseline issue lag, and per communicator shape
   the job's healthy spread around those baselines (the lateness threshold).
+* :class:`.late_stragglers.LateStragglers` - per communicator, the latest arrival of each
+  recent step and the rank that is consistently the latest.
 * :class:`StopEvidence` - stalled records, absences, and the point-to-point receives each
   node posted (who waits for what).
 * :class:`RailEvidence` - per-NIC end times of the same operator (siblings) and the
@@ -30,9 +32,11 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .alive import AlivePoints
+from .late_baselines import LateBaselines
+from .late_stragglers import LateStragglers
 from .observations import Finding, LinkObs
 from .params import LocalizeParams
-from .robust import MAD_TO_SIGMA, RollingRef, mad, median
+from .robust import RollingRef
 from .stop_evidence import StopEvidence
 from .stragglers import Stragglers
 from .topology import Topology
@@ -254,133 +258,6 @@ class Lateness:
         self.all_waits.append(w)
 
 
-class LateBaselines:
-    """Lateness against each rank's own history. A rank's issue lag (its issue minus its
-    peers' median issue, each on its node's clock) holds the offset between their clocks
-    and any lag its place in the job gives it: both constant, so its rise above the rank's
-    own baseline (the median of its first ``late_base_ops``) holds neither. Whether a rise
-    is late is judged against the job's own healthy spread, per communicator shape, taken
-    two ways, the larger counting: how far the ranks' issue lags strayed from their
-    baselines over those first operators (the period the baselines assume healthy: later,
-    one straggler of a small communicator moves its peers' issue lags too, through the
-    median they are measured against - lab, 4 ranks, one at a 5 % CPU quota: 25 ms before,
-    47 ms after), and the recent rises of every rank (a baseline spans a few steps, whose
-    buckets are late together, so it cannot show how far a healthy rank drifts from step
-    to step: the dense battery job's pipeline moves a stage's issue times by ~2 ms for
-    several steps)."""
-
-    def __init__(self, p: LocalizeParams) -> None:
-        self.p = p
-        self._first: dict[tuple[str, int], list[float]] = {}
-        self.base: dict[tuple[str, int], float] = {}
-        """(comm, rank) -> its baseline issue lag (ns)."""
-        self.spread: dict[tuple[int, bool], deque[float]] = defaultdict(
-            lambda: deque(maxlen=p.late_spread_size))
-        """communicator shape -> its ranks' issue lags over their baseline operators, less
-        their baselines (the newest ``late_spread_size``)."""
-        self.rises: dict[tuple[int, bool], deque[float]] = defaultdict(
-            lambda: deque(maxlen=p.late_spread_size))
-        """communicator shape -> the newest rises of its ranks above their baselines."""
-        self.rise_nodes: dict[tuple[int, bool], deque[frozenset[str]]] = defaultdict(
-            lambda: deque(maxlen=p.late_spread_size))
-        """...and per rise, the nodes of the operator it was measured in (same order)."""
-        self._spread_n: dict[tuple[int, bool], int] = {}
-        self._spread_sigma: dict[tuple[int, bool], tuple[int, float]] = {}
-
-    @staticmethod
-    def shape(r: OpMetrics) -> tuple[int, bool]:
-        """Communicators of one size and kind (collectives, or grouped all-to-all: expert
-        imbalance moves their issue times more) share a spread. Not per operator size: a
-        rank's baseline spans its communicator's operators (a data-parallel step issues
-        buckets of several sizes, and the baseline must be done within a few steps)."""
-        return (r.nranks, r.kind == GROUPED)
-
-    @staticmethod
-    def coupled(nranks: int) -> bool:
-        """Whether one late rank displaces its peers' issue lags by a share of its own
-        lateness. A lag is measured against the median of the other ranks' issues: with two
-        or three ranks that median is (or averages in) the late rank itself, so each peer's
-        lag falls by a half or all of the lateness; from four ranks on the median of the
-        others is an order statistic of healthy ranks, moved by the healthy spread at most."""
-        return nranks <= 3
-
-    def threshold(self, shape: tuple[int, bool], epoch_ns: int, node: str | None = None) -> float | None:
-        """The rise that counts as late for communicators of ``shape``: ``late_spread_k``
-        robust sigmas of their healthy spread, at least ``late_floor_epochs`` epochs; None
-        until the spread is known. ``node``: the node whose rise is judged. In a coupled
-        shape (:meth:`coupled`) its own lateness displaces its peers' rises in every
-        operator it takes part in (sweep 11 #0, gpu-slow under MoE, 3 ranks: the peers at
-        -0.4 ms while it rose 0.84 ms, the recent rises' sigma 0.59 ms against 0.05 ms over
-        the baselines), so the recent rises it is judged against are those of operators
-        without it, when the shape has enough of them."""
-        dev = self.spread.get(shape)
-        if dev is None or len(dev) < self.p.late_spread_min:
-            return None
-        n = self._spread_n.get(shape, 0)
-        hit = self._spread_sigma.get(shape)
-        if hit is not None and hit[0] == n:
-            sigma = hit[1]
-        else:  # the spread only changes when a baseline completes: its sigma is kept until then
-            sigma = MAD_TO_SIGMA * mad(np.fromiter(dev, np.float64, len(dev)))
-            self._spread_sigma[shape] = (n, sigma)
-        rises = self.rises.get(shape)
-        if rises is not None and len(rises) >= self.p.late_spread_min:
-            x = np.fromiter(rises, np.float64, len(rises))
-            nodes = self.rise_nodes.get(shape)
-            if node is not None and nodes is not None and len(nodes) == len(x):
-                without = np.fromiter((node not in ns for ns in nodes), np.bool_, len(x))
-                if int(without.sum()) >= self.p.late_spread_min:
-                    x = x[without]
-            sigma = max(sigma, MAD_TO_SIGMA * mad(x))
-        return max(self.p.late_spread_k * sigma, self.p.late_floor_epochs * epoch_ns)
-
-    def judge(self, comm: str, ordered: list[OpMetrics],
-              lags: list[tuple[int, float]]) -> list[tuple[int, float, float]]:
-        """(record index, issue lag, baseline) of the ranks whose issue lag rose above their
-        baseline by more than the threshold (read before this operator's rises join the
-        spread); ranks still gathering their baseline add to it."""
-        if not lags:
-            return []
-        shape = self.shape(ordered[0])
-        # the threshold is at least late_floor_epochs epochs: below that no rise needs it
-        # (it costs two medians over the spread and the recent rises)
-        floor = self.p.late_floor_epochs * ordered[0].epoch_ns
-        base_of = self.base.get
-        need = any((b := base_of((comm, ordered[i].rank))) is not None and lag - b >= floor for i, lag in lags)
-        coupled = self.coupled(shape[0])
-        shared = self.threshold(shape, ordered[0].epoch_ns) if need and not coupled else None
-        ths: dict[str, float | None] = {}
-        rises: list[float] = []
-        out: list[tuple[int, float, float]] = []
-        for i, lag in lags:
-            key = (comm, ordered[i].rank)
-            base = self.base.get(key)
-            if base is None:
-                first = self._first.setdefault(key, [])
-                first.append(lag)
-                if len(first) >= self.p.late_base_ops:
-                    self.base[key] = median(first)
-                    self.spread[shape].extend(x - self.base[key] for x in first)
-                    self._spread_n[shape] = self._spread_n.get(shape, 0) + 1
-                    del self._first[key]
-                continue
-            rise = lag - base
-            rises.append(rise)
-            th = shared
-            if coupled and rise >= floor:
-                node = ordered[i].node
-                if node not in ths:
-                    ths[node] = self.threshold(shape, ordered[0].epoch_ns, node)
-                th = ths[node]
-            if th is not None and rise >= th:
-                out.append((i, lag, base))
-        self.rises[shape].extend(rises)
-        if coupled:
-            nodes = frozenset(r.node for r in ordered)
-            self.rise_nodes[shape].extend(nodes for _ in rises)
-        return out
-
-
 class RailEvidence:
     """The same operator on a node's NICs: per (node, kind, seq, bytes, nranks, member
     nodes), each NIC's (end_ns, t_host_ns, comm); and the rail-late records found, each
@@ -441,6 +318,7 @@ class Evidence:
         self.links = LinkWindows(p)
         self.late = Lateness(p)
         self.late_base = LateBaselines(p)
+        self.late_stragglers = LateStragglers(p, self.late_base)
         self.stops = StopEvidence()
         self.rail = RailEvidence(p, self.topo)
         self.alive = AlivePoints(p)
@@ -455,7 +333,8 @@ class Evidence:
 
     def busy(self) -> bool:
         """Whether any window holds evidence a rule could act on."""
-        return bool(self.links.n_slow or self.late.n_late or self.stops.stalls or self.stops.absent
+        return bool(self.links.n_slow or self.late.n_late or self.late_stragglers.consistent
+                    or self.stops.stalls or self.stops.absent
                     or self.rail.records)
 
     def stalled(self, m: OpMetrics) -> bool:

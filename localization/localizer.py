@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from pulse.events import HookEvent, OpEvent
+from pulse.events import COLLECTIVES, HookEvent, OpEvent
 from pulse.records import OpMetrics, Verdict
 
 from .decisions import DecisionBook, Hypothesis, Key
@@ -41,7 +41,7 @@ from .evidence import Evidence, node_of
 from .observations import ABSENT, ISSUE_LAG, LATE, MISSING, STALL, Finding, OpView, judge
 from .params import LocalizeParams
 from .rules import hypotheses
-from .rules.late import late_findings
+from .rules.late import late_explained, late_findings
 from .rules.rail import judge_rails
 from .topology import Topology
 
@@ -202,6 +202,24 @@ class Localizer:
         return OpView(comm, seq, ordered[0].kind, members, ordered, endpoints, peer_eps, self._stalled(ordered),
                       endpoint_of, egress_busy)
 
+    def _observe_step(self, comm: str, seq: int, view: OpView, ordered: list[OpMetrics],
+                       lags: list[tuple[int, float]]) -> None:
+        """Feed one collective to the consistent-latest test (:mod:`.late_stragglers`):
+        its ranks' rises above their baselines and the compute-gap veto. Asked before
+        this operator's ends are recorded (the veto reads the previous operator's)."""
+        ev, p = self.ev, self.p
+        base = ev.late_base.base
+        lag_of = dict(lags)
+        rises = {i: lag - b for i, lag in lags if (b := base.get((comm, ordered[i].rank))) is not None}
+
+        def finding(i: int) -> Finding:
+            r = ordered[i]
+            return Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag_of[i],
+                           base[(comm, r.rank)], ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i],
+                           r.flows, r.epoch_ns)
+
+        ev.late_stragglers.observe(comm, ordered, rises, finding, lambda f: late_explained(ev, p, comm, seq, f, ordered))
+
     def _stalled(self, ordered: list[OpMetrics]) -> list[bool]:
         """Which records of one operator stalled. A record whose NIC's data ended early (its
         capture stopped publishing, the node's other NICs went on) is only taken as stalled
@@ -235,6 +253,8 @@ class Localizer:
             r = ordered[i]
             cands.setdefault(r.rank, Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag, base,
                                              ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i]))
+        if j.judged and view.kind in COLLECTIVES:
+            self._observe_step(comm, seq, view, ordered, j.arrivals)
         late = late_findings(ev, p, comm, seq, cands, ordered)
         for r in ordered:
             ev.late.prev[(comm, r.rank)] = r

@@ -127,6 +127,10 @@ class Judgement:
     """(record index, how much later than its peers' median it issued, clocks as read) of
     a collective whose traffic is normal: judged against the rank's own history
     (:class:`.evidence.LateBaselines`), which cancels its clock offset."""
+    arrivals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
+    """The same issue lags for every complete collective, slow traffic or not: an issue
+    comes before the operator's traffic, so its own slowness cannot move it (the
+    consistent-latest test, :mod:`.late_stragglers`)."""
 
 
 @dataclasses.dataclass
@@ -215,6 +219,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float
     if n >= p.late_min_ranks:
         late = Judgement()
         _judge_late(view, p, late)
+        out.arrivals = late.issue_lags
         # an issue lag is read across two clocks: one skew bound more
         waited = [f for f in late.findings
                   if lateness(f) >= p.late_override_ns + (p.clock_skew_ns if f.metric == ISSUE_LAG else 0)]

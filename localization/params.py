@@ -233,6 +233,18 @@ class LocalizeParams:
     late_comm_frac: float = 0.75
     """Fraction of the node's communicators that must be persistently late: a GPU or
     host straggler delays all of them."""
+    late_straggler_steps: int = 8
+    """Steps of a communicator over which a rank that arrives last at most of them is a
+    consistent late straggler (:mod:`.late_stragglers`), at ``straggler_alpha``: 3 or 4
+    ranks must be the latest in all 8, 8 ranks in 6 of 8; two ranks cannot show one this
+    way (each is the later one half the time)."""
+    late_step_frac: float = 0.05
+    """...and its lateness in each of those steps at least this fraction of the step
+    period: a straggler found by consistency alone is named when it costs the job a
+    twentieth of every step (the lab's rank at 0.3 of a core: 36-99 ms of 240 ms steps).
+    Smaller consistent lags are the job's own structure: in the simulator's healthy and
+    congested jobs a rank of a pipeline stage can be the latest of its ring for many steps
+    by 0.3-1.5 ms of 170-290 ms steps."""
     late_overrides_act: bool = True
     """In an operator where some rank arrived late by ``late_override_ns``, ACT outliers of
     its peers are waiting, not network (found in the lab: a CPU-starved receiver, ~300 ms
@@ -311,7 +323,7 @@ class LocalizeParams:
         for name in ("window_ops", "persist_ops", "clear_ops", "repeat_every", "healthy_every",
                      "min_ranks", "missing_ops", "link_min_obs", "ref_min", "late_window", "host_min_nics",
                      "max_group", "rail_min_siblings", "rail_persist", "late_min_ranks", "late_base_ops",
-                     "late_spread_size", "late_spread_min", "ref_base_ops"):
+                     "late_spread_size", "late_spread_min", "ref_base_ops", "late_straggler_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
         if self.persist_ops > self.window_ops:
@@ -323,6 +335,8 @@ class LocalizeParams:
                               "rail_alive_min >= 1")
         if not 0 < self.persist_frac <= 1:
             raise ConfigError("LocalizeParams.persist_frac must be in (0, 1]")
+        if not 0 <= self.late_step_frac < 1:
+            raise ConfigError("LocalizeParams.late_step_frac must be in [0, 1)")
         if self.late_spread_k <= 0 or self.late_floor_epochs < 0:
             raise ConfigError("LocalizeParams.late_spread_k must be > 0 and late_floor_epochs >= 0")
         if self.act_ratio <= 1.0:

@@ -158,7 +158,8 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     other rules or ``open_nodes`` of open incidents), or a usual waiter."""
     out: dict[Key, Hypothesis] = {}
     lt = ev.late
-    if not lt.n_late:
+    consistent = ev.late_stragglers.nodes(p.late_comm_frac) if ev.late_stragglers.consistent else {}
+    if not lt.n_late and not consistent:
         return out
     job_wait = float(np.median(lt.all_waits)) if lt.all_waits else 0.0
     # Lateness is judged per communicator (the buckets of one step are late
@@ -177,12 +178,15 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     for (node, _comm), win in lt.windows.items():
         hits = [f for f in win if f is not None]
         per_node[node].append((persistence(len(hits), len(win), min_fill, p.late_frac), hits))
+    late: dict[str, list[Finding]] = {}
     for node, comms in per_node.items():
+        if sum(f for f, _ in comms) >= max(1, p.late_comm_frac * len(comms)):
+            late[node] = [h for f, hs in comms if f for h in hs]
+    for node, fs in consistent.items():  # late at most steps, if by less than six sigmas
+        late.setdefault(node, fs)
+    for node, hits in late.items():
         if node in explained or node in ev.insufficient or node in waits_on_blamed or node in waits_on_rail:
             continue
-        if sum(f for f, _ in comms) < max(1, p.late_comm_frac * len(comms)):
-            continue
-        hits = [h for f, hs in comms if f for h in hs]
         waits = lt.waits.get(node)
         if waits and len(waits) >= p.link_min_obs and float(np.median(waits)) > job_wait:
             # it waits for its point-to-point peers more than is usual: it is late
