@@ -444,8 +444,12 @@ def test_late_rank_turns_its_peers_act_outliers_into_waiting():
                 f["act_ns"] = int(f["act_ns"] * 1.5)
         return f
     assert culprits(run(f_)) == {("compute-slow", "node", ("node-02",))}
-    off = LocalizeParams(late_overrides_act=False)
+    # without the override its slow operators hide its lateness from the per-operator
+    # rules; the consistent-latest test reads arrivals in every operator and is off here
+    off = LocalizeParams(late_overrides_act=False, late_straggler_steps=1000)
     assert ("compute-slow", "node", ("node-02",)) not in culprits(run(f_, params=off))
+    # and it alone finds it: the latest arrival of every step, 60 ms a step
+    assert ("compute-slow", "node", ("node-02",)) in culprits(run(f_, params=LocalizeParams(late_overrides_act=False)))
 
 
 def test_a_few_ms_late_does_not_explain_away_real_network_slowness():
