@@ -9,8 +9,8 @@ the job's topology and the end of each node's data.
 * :class:`LinkWindows` - per directed NIC-to-NIC link, its last observations (slow/clean).
 * :class:`Lateness` - per (node, communicator), late arrivals; point-to-point waits; the
   end of each rank's previous operator (its compute gap).
-* :class:`.late_baselines.LateBaselines` - each rank's own baseline issue lag, and per communicator shape
-  the job's healthy spread around those baselines (the lateness threshold).
+* :class:`.late_baselines.LateBaselines` - each rank's own baseline issue lag, and per
+  communicator shape the job's healthy spread around those baselines (the threshold).
 * :class:`.late_stragglers.LateStragglers` - per communicator, the latest arrival of each
   recent step and the rank that is consistently the latest.
 * :class:`StopEvidence` - stalled records, absences, and the point-to-point receives each

@@ -126,7 +126,7 @@ class Judgement:
     issue_lags: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """(record index, how much later than its peers' median it issued, clocks as read) of
     a collective whose traffic is normal: judged against the rank's own history
-    (:class:`.evidence.LateBaselines`), which cancels its clock offset."""
+    (:class:`.late_baselines.LateBaselines`), which cancels its clock offset."""
     arrivals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """The same issue lags for every complete collective, slow traffic or not: an issue
     comes before the operator's traffic, so its own slowness cannot move it (the
