@@ -28,6 +28,7 @@ def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any
     expected = right = wrong = duplicate = 0
     missed: list[str] = []
     wrong_ids: list[dict[str, Any]] = []
+    dup_ids: list[dict[str, Any]] = []
     for rep in replays:
         incs = list(by_job.get(rep["job"], {}).values())
         culprits = set(rep.get("culprits") or [])
@@ -41,6 +42,10 @@ def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any
             elif rep.get("complete", True):
                 missed.append(rep["job"])
             duplicate += max(0, len(hits) - 1)
+            if len(hits) > 1:
+                dup_ids.append({"job": rep["job"], "disturbed": rep.get("disturbed"),
+                                "incidents": [{k: i.get(k) for k in ("id", "kind", "nodes", "first_op", "first_seen_ns",
+                                                                     "resolution")} for i in hits]})
         wrong += len(bad)
         wrong_ids += [{"job": rep["job"], "id": i.get("id"), "kind": i.get("kind"), "nodes": i.get("nodes")}
                       for i in bad]
@@ -50,6 +55,7 @@ def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any
     clean_jobs = {r["job"] for r in clean}
     return {"incidents_expected": expected, "incidents_right": right, "incidents_wrong": wrong,
             "incidents_duplicate": duplicate, "incidents_missed": missed, "incidents_wrong_detail": wrong_ids[:20],
+            "incidents_duplicate_detail": dup_ids[:20],
             "clean_replays": len(clean),
             "clean_incidents_expected": sum(1 for r in clean if r.get("kind")),
             "clean_incidents_missed": [j for j in missed if j in clean_jobs],

@@ -133,6 +133,26 @@ def waits_on(ev: Evidence, blamed: set[str]) -> set[str]:
     return out
 
 
+def beside_slowed_links(ev: Evidence) -> set[str]:
+    """Nodes at one end of a persistently slow link whose other end has links slowed to
+    more peers: the slowed links meet at that other node, and this one waits for it. A
+    200 Mbit egress limit on one lab node slows its links to all three peers (their acks
+    queue behind its data); each peer, on one of those links, starts the steps after a
+    slow operator late and carries that lateness through the step's buckets, where the
+    compute-gap veto cannot see it (the buckets were queued before the slow operator
+    ended): the lab agent e2e named node-01, then node-03, compute-slow beside node-02's
+    fault. A compute straggler whose own links slow down is itself the meeting point
+    (its sends and receives both), so it stays a suspect; links slowed to as many peers
+    at either end say nothing either way."""
+    peers: dict[str, set[str]] = defaultdict(set)
+    for a, b in ev.links.hot:
+        na, nb = node_of(a), node_of(b)
+        if na != nb:
+            peers[na].add(nb)
+            peers[nb].add(na)
+    return {x for x, ys in peers.items() if any(len(peers[y]) > len(ys) for y in ys)}
+
+
 def persistence(hits: int, judged: int, min_fill: int, late_frac: float) -> float:
     """How much of the persistence a communicator's lateness window shows: 1 when the node
     was late in ``late_frac`` of its judged operators, that share of it below (0 while the
@@ -173,6 +193,7 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     # same operator on the sender's other NICs) got its data that late, and is late because
     # of it (nic-flap, sweep 7 #5: the partner's collectives 32 ms late, the flap 35 ms).
     waits_on_rail = {node_of(e) for f, _m in ev.rail.records for e in f.peer_eps}
+    waits_on_link = beside_slowed_links(ev)
     min_fill = int(p.late_min_fill * p.late_window)
     per_node: dict[str, list[tuple[float, list[Finding]]]] = defaultdict(list)
     for (node, _comm), win in lt.windows.items():
@@ -191,7 +212,8 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
         for node, fs in consistent.items():
             late.setdefault(node, fs)
     for node, hits in late.items():
-        if node in explained or node in ev.insufficient or node in waits_on_blamed or node in waits_on_rail:
+        if (node in explained or node in ev.insufficient or node in waits_on_blamed or node in waits_on_rail
+                or node in waits_on_link):
             continue
         waits = lt.waits.get(node)
         if waits and len(waits) >= p.link_min_obs and float(np.median(waits)) > job_wait:

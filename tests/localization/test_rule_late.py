@@ -213,6 +213,38 @@ def test_a_node_whose_receives_from_one_rail_stall_waits_for_them():
     assert late_hypotheses(ev, p, set(), set()) == {}
 
 
+def test_a_node_on_a_slowed_link_of_a_node_with_more_slowed_links_waits_for_it():
+    # The lab agent e2e (200 Mbit on node-02's egress): node-02's links to all three peers
+    # slow, and a peer on one of them late in most of its operators - a victim
+    from .findings import ep, observe
+
+    D = synth.node(3)
+    ev, p = evidence()
+    fill(ev, B, "c0")
+    fill(ev, B, "c1")
+    observe(ev, ep(A), ep(B), [True] * 8)
+    # one slowed link: as many slowed peers at either end, no side to take
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (B,))]
+    observe(ev, ep(A), ep(C), [True] * 8)
+    observe(ev, ep(D), ep(A), [True] * 8)
+    assert late_hypotheses(ev, p, set(), set()) == {}
+    # the node its slowed links meet at stays a suspect: a starved rank slows its own sends
+    # and receives, and its peers are the ones on one slowed link each
+    ev, p = evidence()
+    fill(ev, A, "c0")
+    fill(ev, A, "c1")
+    observe(ev, ep(A), ep(B), [True] * 8)
+    observe(ev, ep(D), ep(A), [True] * 8)
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (A,))]
+    # slow now and then is no slowed link
+    ev, p = evidence()
+    fill(ev, B, "c0")
+    fill(ev, B, "c1")
+    for dst in (B, C, D):
+        observe(ev, ep(A), ep(dst), [True, False, False, False] * 2)
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (B,))]
+
+
 def test_a_consistent_late_straggler_is_not_named_beside_a_fault_already_found():
     def consistent(ev):
         f = late(B, "dp0", 9)
