@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 from pulse.localization import LocalizeParams
-from pulse.localization.stragglers import clear_slowest, consistent_count
+from pulse.localization.stragglers import consistent_count, slowest
 
 from . import synth
 from .test_rules import ONSET, anomalies, culprits, run
@@ -35,30 +35,27 @@ def test_the_count_is_the_smallest_whose_tail_over_all_ranks_is_below_alpha():
     assert consistent_count(2, 4, 1e-3) == 5
 
 
-def _naive_clear(act: list[float], epoch: float, ratio: float) -> int:
+def _naive_slowest(act: list[float]) -> int:
     top = max(act)
-    if act.count(top) > 1:
-        return -1
-    i = act.index(top)
-    others = sorted(a for j, a in enumerate(act) if j != i)
-    m = len(others)
-    med = others[m // 2] if m % 2 else (others[m // 2 - 1] + others[m // 2]) / 2
-    return i if top - epoch >= ratio * (med + epoch) else -1
+    return act.index(top) if act.count(top) == 1 else -1
 
 
-@given(st.lists(st.integers(1, 60), min_size=3, max_size=12), st.integers(1, 4), st.sampled_from([1.1, 1.15, 1.5]))
-def test_clear_slowest_agrees_with_a_naive_reference(epochs: list[int], e: int, ratio: float) -> None:
-    act = [float(a * e) for a in epochs]
-    assert clear_slowest(np.array(act), float(e), ratio) == _naive_clear(act, float(e), ratio)
+@given(st.lists(st.integers(1, 60), min_size=2, max_size=12))
+def test_slowest_agrees_with_a_naive_reference(epochs: list[int]) -> None:
+    act = [float(a) for a in epochs]
+    assert slowest(np.array(act)) == _naive_slowest(act)
 
 
-def _mild(factor: float, every: int = 1):
+def _mild(factor: float, every: int = 1, *, then: float | None = None):
     # node-02's NIC on rail 0 is ``factor`` x slower in and out in every ``every``-th
     # operator from the onset (it and the rank sending into it busiest): below the
-    # per-operator bound (act_ratio 1.3) at 1.2
+    # per-operator bound (act_ratio 1.3) at 1.2; ``then``: that factor in the operators
+    # between
     def tweak(comm, seq, r, f):
-        if comm == "dp0" and seq >= ONSET and r in (1, 2) and (seq - ONSET) % every == 0:
-            f["act_ns"] = int(synth.ACT * (factor if r == 2 else factor - 0.005))
+        if comm == "dp0" and seq >= ONSET and r in (1, 2):
+            x = factor if (seq - ONSET) % every == 0 else then
+            if x is not None:
+                f["act_ns"] = int(synth.ACT * (x if r == 2 else x - 0.005))
         return f
     return tweak
 
@@ -68,6 +65,14 @@ def test_a_rank_a_little_slower_in_every_operator_is_named():
     assert culprits(vs) == {("network-slow", "node", ("node-02",))}
     # no operator alone was slow by the per-operator bound: consistency named it
     assert not anomalies(run(_mild(1.2), ops=60, params=LocalizeParams(straggler_alpha=1e-300)))
+
+
+def test_a_lead_judged_over_the_window_not_operator_by_operator():
+    # 1.25x and 1.1x in turn (the lab's TCP at 2 % loss: 1.06-1.55x, 1.18x over the job):
+    # an epoch either way on each operator clears half the margin (1.15x) in half of them,
+    # too few for the count; summed over the window the lead is 1.17x
+    vs = run(_mild(1.25, every=2, then=1.1), ops=60)
+    assert culprits(vs) == {("network-slow", "node", ("node-02",))}
 
 
 def test_the_same_slowness_in_every_other_operator_or_a_smaller_one_always_is_not():
