@@ -144,6 +144,24 @@ class IncidentTracker:
                     out.append(self._resolve(cur, "evidence-stopped", decided if isinstance(decided, int) else None))
         return out
 
+    def resume(self, inc: Incident) -> None:
+        """Go on with an incident that another worker opened and did not resolve (a
+        rebalance moved the job here). The job's state is rebuilt from its committed input,
+        which need not open the fault's incident at the same first operator as the live run
+        did (the live aligner released operators whose ranks were late on wall-clock
+        idleness, the rebuild judges them all at once: the soak saw a gpu-slow job's
+        incident opened at seq 36 live and again at seq 56 by the survivor, two ids for one
+        fault). The id the world has seen stays: an incident the rebuild opened for the
+        same fault (same family, a node in common) gives way to it."""
+        if inc.state == "resolved" or inc.id in self.open:
+            return
+        fam = kind_family(inc.kind)
+        for iid, o in list(self.open.items()):
+            if kind_family(o.incident.kind) == fam and set(o.incident.nodes) & set(inc.nodes):
+                del self.open[iid]
+        self.open[inc.id] = _Open(inc, set(), inc.ops)
+        self.last_ns = max(self.last_ns, inc.last_seen_ns)
+
     def finish(self, end_ns: int | None = None) -> list[Incident]:
         """The job (or the input) ended: every open incident is resolved."""
         at = end_ns if end_ns is not None else self.last_ns

@@ -23,6 +23,8 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from pulse.records import Incident
+
 from .state import LocalizeState, Message, Output
 
 log = logging.getLogger("pulse.streams")
@@ -67,9 +69,9 @@ def _settle() -> Reply:
     return _reply(_state.settle())
 
 
-def _adopt(partitions: set[int], count: int, messages: list[Message]) -> Reply:
+def _adopt(partitions: set[int], count: int, messages: list[Message], incidents: list[Incident]) -> Reply:
     assert _state is not None
-    _state.adopt(partitions, count, messages)
+    _state.adopt(partitions, count, messages, incidents)
     return _reply(Output())
 
 
@@ -116,8 +118,9 @@ class LocalizeProcess:
     def settle(self) -> Output:
         return self._call(_settle)
 
-    def adopt(self, partitions: set[int], count: int, messages: list[Message]) -> None:
-        self._call(_adopt, partitions, count, messages)
+    def adopt(self, partitions: set[int], count: int, messages: list[Message],
+              incidents: Iterable[Incident] = ()) -> None:
+        self._call(_adopt, partitions, count, messages, list(incidents))
 
     def finish(self) -> Output:
         return self._call(_finish)

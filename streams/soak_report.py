@@ -23,8 +23,10 @@ def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any
     healthy job). Duplicate: a second incident id for the same fault of the same job (what
     a reprocessed message must never cause)."""
     by_job: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)
+    last: dict[str, dict[str, Any]] = {}
     for inc in incidents:
         by_job[str(inc.get("job"))].setdefault(str(inc.get("id")), inc)
+        last[str(inc.get("id"))] = inc
     expected = right = wrong = duplicate = 0
     missed: list[str] = []
     wrong_ids: list[dict[str, Any]] = []
@@ -44,8 +46,10 @@ def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any
             duplicate += max(0, len(hits) - 1)
             if len(hits) > 1:
                 dup_ids.append({"job": rep["job"], "disturbed": rep.get("disturbed"),
-                                "incidents": [{k: i.get(k) for k in ("id", "kind", "nodes", "first_op", "first_seen_ns",
-                                                                     "resolution")} for i in hits]})
+                                "incidents": [{**{k: i.get(k) for k in ("id", "kind", "nodes", "first_op", "first_seen_ns")},
+                                               **{k: last[str(i.get("id"))].get(k) for k in (
+                                                   "state", "resolution", "resolved_at_ns", "last_seen_ns", "updates")}}
+                                              for i in hits]})
         wrong += len(bad)
         wrong_ids += [{"job": rep["job"], "id": i.get("id"), "kind": i.get("kind"), "nodes": i.get("nodes")}
                       for i in bad]

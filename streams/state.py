@@ -258,16 +258,27 @@ class LocalizeState:
         out.extend(self.tick(now))
         return out
 
-    def adopt(self, partitions: set[int], count: int, messages: list[Message]) -> None:
+    def adopt(self, partitions: set[int], count: int, messages: list[Message],
+              incidents: Iterable[Incident] = ()) -> None:
         """Rebuild the jobs of op-metrics ``partitions`` (of ``count``) from ``messages``
         (their replay up to the committed offsets) in fresh stages, judged to the end of
         the replay with the outputs dropped, and take them over in place of what this
-        state held for them (see takeover.py). Other jobs are not touched."""
+        state held for them (see takeover.py). ``incidents``: the latest state of every
+        incident on the incidents topic; those of these jobs still open go on here with
+        their ids (:meth:`~pulse.localization.lifecycle.IncidentTracker.resume`). Other
+        jobs are not touched."""
         st = self.stages
         fresh = LocalizeState(self.params, hold_ns=st.hold_ns, idle_s=st.idle_s, budget_s=None)
         for i in range(0, len(messages), 1024):
             fresh.handle(messages[i:i + 1024])
         fresh.settle()
+        now = time.monotonic()
+        for inc in incidents:
+            if inc.state != "resolved" and partition_of(inc.job.encode(), count) in partitions:
+                stage = fresh.stages.stage(inc.job)
+                if stage.last_record is None:  # no input left: it ends after the job's idle time
+                    stage.last_record = now
+                stage.tracker.resume(inc)
         stale = [j for j in st.jobs if partition_of(j.encode(), count) in partitions]
         st.adopt(fresh.stages, stale)
 

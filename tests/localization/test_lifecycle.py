@@ -89,3 +89,34 @@ def test_incident_records_round_trip_and_reject_inconsistency() -> None:
         Incident.from_dict(bad)
     with pytest.raises(DecodeError, match="state"):
         Incident.from_dict(inc.to_dict() | {"state": "closed"})
+
+
+def test_an_incident_another_worker_opened_goes_on_with_its_id() -> None:
+    # the live worker opened the fault at seq 10 and was killed; the survivor's rebuild
+    # of the job opened it at seq 30 (its aligner judged late ranks differently)
+    live = _tracker().observe([_v()])[0]
+    t = _tracker()
+    rebuilt = t.observe([_v(first_seq=30)])[0]
+    assert rebuilt.id != live.id
+    t.resume(live)
+    assert list(t.open) == [live.id]  # the rebuild's own incident of that fault gave way
+    assert t.observe([_v(first_seq=40, decided=8_000)]) == []  # the same fault, nothing new
+    up = t.observe([_v(first_seq=40, nics=("node-03/mlx5_0", "node-03/mlx5_1"))])
+    assert [(i.id, i.state) for i in up] == [(live.id, "updated")]
+    assert [(i.id, i.resolution) for i in t.observe([_v("cleared", decided=9_000)])] == [
+        (live.id, "evidence-stopped")]
+
+
+def test_resuming_keeps_other_faults_and_ignores_resolved_ones() -> None:
+    t = _tracker()
+    compute = t.observe([_v(kind="compute-slow", metric="issue_to_end_ns", value=1e6, ref=9e6)])[0]
+    net = _tracker().observe([_v()])[0]
+    t.resume(net)
+    assert set(t.open) == {compute.id, net.id}  # another family on the same node stays
+    done = _tracker()
+    first = done.observe([_v(nodes=("node-05",), nics=("node-05/mlx5_0",))])[0]
+    gone = done.observe([_v("cleared", nodes=("node-05",), nics=("node-05/mlx5_0",))])[0]
+    t.resume(gone)
+    assert first.id not in t.open
+    t.resume(net)  # twice is once
+    assert set(t.open) == {compute.id, net.id}

@@ -189,3 +189,38 @@ def test_a_hung_gpu_is_a_compute_stop_in_the_agents_as_in_diagnose(sim_trace):
     stream = {(v.kind, tuple(v.nodes)) for v in vs if v.status == "anomaly"}
     batch = {(v.kind, tuple(v.nodes)) for v in diagnose(trace).verdicts if v.status == "anomaly"}
     assert stream == batch == {("compute-stop", culprit)}
+
+
+def test_a_survivor_goes_on_with_the_incidents_the_worker_before_it_opened(sim_trace):
+    """A takeover rebuilds a job from its committed records; the incident the killed worker
+    had opened (here under another first operator, as when its aligner released late ranks
+    on idleness) goes on with its id, in process and in the child process alike."""
+    import dataclasses
+
+    from pulse.records import kind_family
+
+    items = _items(sim_trace("nic-slow"))
+    seg = SegmentState(T)
+    groups: list[list[Message]] = []
+    for i in range(0, len(msgs := _messages(items, True)), 64):
+        groups.append([Message(T.op_metrics, key, value, 0, 0) for key, value in seg.handle(msgs[i:i + 64]).op_metrics])
+    # how far the committed records reach: past the incident's opening
+    probe, cut, opened = LocalizeState(), 0, None
+    while opened is None:
+        opened = next((i for i in probe.handle(groups[cut], now=0.0).incidents if i.state == "open"), None)
+        cut += 1
+    cut += 4
+    live = dataclasses.replace(opened, id="inc-live", first_op={**opened.first_op, "seq": opened.first_op["seq"] - 3})
+    for state in (LocalizeState(), LocalizeProcess()):
+        try:
+            state.adopt({0}, 1, [m for g in groups[:cut] for m in g], [live])
+            later = []
+            for g in groups[cut:]:
+                later += state.handle(g, now=0.0).incidents
+            later += state.finish().incidents
+            same = [i for i in later if kind_family(i.kind) == kind_family(live.kind) and set(i.nodes) & set(live.nodes)]
+            assert same and {i.id for i in same} == {"inc-live"}, same
+            assert "open" not in {i.state for i in same}
+        finally:
+            if isinstance(state, LocalizeProcess):
+                state.close()
