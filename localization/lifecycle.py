@@ -17,6 +17,7 @@ than opening a second one, and its id stays the one it opened with.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import time
@@ -28,6 +29,8 @@ from pulse.records import Incident, Verdict, kind_family
 
 from .incidents import incident_key
 
+REPORTED = 64
+"""Resolved incidents of another worker a tracker keeps per job after a takeover."""
 CONFIDENCE_STEP = 0.1
 """A change of confidence smaller than this is not an update worth paging about."""
 
@@ -128,6 +131,10 @@ class IncidentTracker:
         self.open: dict[str, _Open] = {}
         self.last_ns = 0
         self.opened = 0
+        self.reported: collections.deque[Incident] = collections.deque(maxlen=REPORTED)
+        """Incidents another worker resolved for this job (a takeover read them back): a
+        rebuild that finds the same fault again in the same stretch of the job goes on with
+        their ids (:meth:`resume`)."""
 
     def observe(self, verdicts: Iterable[Verdict]) -> list[Incident]:
         """State changes caused by ``verdicts`` (open, updated, resolved), in order."""
@@ -152,15 +159,37 @@ class IncidentTracker:
         idleness, the rebuild judges them all at once: the soak saw a gpu-slow job's
         incident opened at seq 36 live and again at seq 56 by the survivor, two ids for one
         fault). The id the world has seen stays: an incident the rebuild opened for the
-        same fault (same family, a node in common) gives way to it."""
-        if inc.state == "resolved" or inc.id in self.open:
-            return
+        same fault (same family, a node in common) gives way to it. A resolved one is kept
+        aside: should the rebuild's verdicts find that fault again before the time it was
+        resolved at (trace time: the same stretch of the job, judged anew), they go on
+        under its id, silently until they change something (the soak's second id came from
+        a survivor whose predecessor had opened and resolved the fault before it died)."""
+        if inc.id in self.open:
+            return  # the rebuild opened it under the same id
         fam = kind_family(inc.kind)
-        for iid, o in list(self.open.items()):
-            if kind_family(o.incident.kind) == fam and set(o.incident.nodes) & set(inc.nodes):
-                del self.open[iid]
+        same = [iid for iid, o in self.open.items()
+                if kind_family(o.incident.kind) == fam and set(o.incident.nodes) & set(inc.nodes)]
+        if inc.state == "resolved":
+            self.reported.append(inc)
+            end = inc.resolved_at_ns if inc.resolved_at_ns is not None else inc.last_seen_ns
+            same = [iid for iid in same if self.open[iid].incident.first_seen_ns <= end]
+            if not same:
+                return
+            inc = dataclasses.replace(inc, state="open", resolution=None, resolved_at_ns=None)
+        for iid in same:
+            del self.open[iid]
         self.open[inc.id] = _Open(inc, set(), inc.ops)
         self.last_ns = max(self.last_ns, inc.last_seen_ns)
+
+    def _reported(self, v: Verdict) -> Incident | None:
+        """A resolved incident of another worker that ``v`` finds again: the same family, a
+        node in common, and ``v`` first seen before that incident was resolved."""
+        fam, nodes = kind_family(v.kind), set(v.nodes)
+        for inc in self.reported:
+            if (kind_family(inc.kind) == fam and nodes & set(inc.nodes) and inc.resolved_at_ns is not None
+                    and v.first_seen_ns <= inc.resolved_at_ns):
+                return inc
+        return None
 
     def finish(self, end_ns: int | None = None) -> list[Incident]:
         """The job (or the input) ended: every open incident is resolved."""
@@ -187,6 +216,11 @@ class IncidentTracker:
         last = decided if isinstance(decided, int) else self.last_ns
         cur = self._match(v)
         if cur is None:
+            again = self._reported(v)
+            if again is not None:
+                self.open[again.id] = _Open(dataclasses.replace(again, state="open", resolution=None,
+                                                                resolved_at_ns=None), seen, n_ops)
+                return []
             comm = win.get("comm_id")
             first = {"comm_id": comm[0] if isinstance(comm, list) and comm else comm, "seq": win.get("first_seq")}
             iid = incident_id(self.job, str(v.kind), str(v.level), v.nodes, first["comm_id"], first["seq"])

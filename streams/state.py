@@ -264,9 +264,9 @@ class LocalizeState:
         (their replay up to the committed offsets) in fresh stages, judged to the end of
         the replay with the outputs dropped, and take them over in place of what this
         state held for them (see takeover.py). ``incidents``: the latest state of every
-        incident on the incidents topic; those of these jobs still open go on here with
-        their ids (:meth:`~pulse.localization.lifecycle.IncidentTracker.resume`). Other
-        jobs are not touched."""
+        incident on the incidents topic; those of these jobs go on here with their ids
+        (:meth:`~pulse.localization.lifecycle.IncidentTracker.resume`). Other jobs are not
+        touched."""
         st = self.stages
         fresh = LocalizeState(self.params, hold_ns=st.hold_ns, idle_s=st.idle_s, budget_s=None)
         for i in range(0, len(messages), 1024):
@@ -274,11 +274,14 @@ class LocalizeState:
         fresh.settle()
         now = time.monotonic()
         for inc in incidents:
-            if inc.state != "resolved" and partition_of(inc.job.encode(), count) in partitions:
-                stage = fresh.stages.stage(inc.job)
-                if stage.last_record is None:  # no input left: it ends after the job's idle time
-                    stage.last_record = now
-                stage.tracker.resume(inc)
+            if partition_of(inc.job.encode(), count) not in partitions:
+                continue
+            if inc.state == "resolved" and inc.job not in fresh.stages.jobs:
+                continue  # nothing of that job left to judge
+            stage = fresh.stages.stage(inc.job)
+            if stage.last_record is None:  # no input left: it ends after the job's idle time
+                stage.last_record = now
+            stage.tracker.resume(inc)
         stale = [j for j in st.jobs if partition_of(j.encode(), count) in partitions]
         st.adopt(fresh.stages, stale)
 

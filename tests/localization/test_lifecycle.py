@@ -3,6 +3,8 @@ resolve on ``cleared`` or at the end of the job; a refinement is the same incide
 
 from __future__ import annotations
 
+import dataclasses
+
 from pulse.localization.lifecycle import IncidentTracker, incident_id, summary
 
 from pulse.records import Incident, Verdict
@@ -120,3 +122,35 @@ def test_resuming_keeps_other_faults_and_ignores_resolved_ones() -> None:
     assert first.id not in t.open
     t.resume(net)  # twice is once
     assert set(t.open) == {compute.id, net.id}
+
+
+def test_a_fault_another_worker_resolved_found_again_in_the_same_stretch_keeps_its_id() -> None:
+    # the killed worker opened and resolved the fault; the survivor's rebuild of the same
+    # stretch of the job finds it again a few operators later (trace time throughout)
+    t0 = _v().first_seen_ns
+    before = _tracker()
+    first = before.observe([_v(decided=t0 + 5_000)])[0]
+    gone = before.observe([_v("cleared", decided=t0 + 9_000)])[0]
+    t = _tracker()
+    t.resume(gone)
+    assert t.observe([_v(first_seq=30, decided=t0 + 6_000)]) == []  # the world has seen this one
+    assert [(i.id, i.state) for i in t.observe([_v("cleared", decided=t0 + 9_500)])] == [(first.id, "resolved")]
+    # found after the time it was resolved at: a new episode, a new incident
+    t2 = _tracker()
+    t2.resume(gone)
+    anew = dataclasses.replace(_v(first_seq=90, decided=t0 + 20_000), first_seen_ns=t0 + 10_000)
+    opened = t2.observe([anew])
+    assert [i.state for i in opened] == ["open"] and opened[0].id != first.id
+
+
+def test_a_fault_the_rebuild_opened_again_after_another_worker_resolved_it_keeps_its_id() -> None:
+    t0 = _v().first_seen_ns
+    before = _tracker()
+    first = before.observe([_v(decided=t0 + 5_000)])[0]
+    gone = before.observe([_v("cleared", decided=t0 + 9_000)])[0]
+    t = _tracker()
+    rebuilt = t.observe([_v(first_seq=30, decided=t0 + 6_000)])[0]  # the rebuild, outputs dropped
+    assert rebuilt.id != first.id
+    t.resume(gone)
+    assert list(t.open) == [first.id]
+    assert [(i.id, i.state) for i in t.observe([_v("cleared", decided=t0 + 9_500)])] == [(first.id, "resolved")]
