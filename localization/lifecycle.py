@@ -30,7 +30,8 @@ from pulse.records import Incident, Verdict, kind_family
 from .incidents import incident_key
 
 REPORTED = 64
-"""Resolved incidents of another worker a tracker keeps per job after a takeover."""
+"""Resolved incidents a tracker keeps per job: its own lately, and another worker's after a
+takeover."""
 CONFIDENCE_STEP = 0.1
 """A change of confidence smaller than this is not an update worth paging about."""
 
@@ -135,6 +136,8 @@ class IncidentTracker:
         """Incidents another worker resolved for this job (a takeover read them back): a
         rebuild that finds the same fault again in the same stretch of the job goes on with
         their ids (:meth:`resume`)."""
+        self.resolved: collections.deque[Incident] = collections.deque(maxlen=REPORTED)
+        """Incidents this tracker resolved lately (:meth:`known`)."""
 
     def observe(self, verdicts: Iterable[Verdict]) -> list[Incident]:
         """State changes caused by ``verdicts`` (open, updated, resolved), in order."""
@@ -250,9 +253,16 @@ class IncidentTracker:
         cur.incident = dataclasses.replace(new, state="updated", updates=old.updates + 1, emitted_at=self.clock())
         return [cur.incident]
 
+    def known(self) -> list[Incident]:
+        """What this tracker has announced and another must not announce again: its open
+        incidents, those it resolved lately, and those it was told of (:meth:`resume`)."""
+        return [*self.reported, *self.resolved, *(o.incident for o in self.open.values())]
+
     def _resolve(self, cur: _Open, why: str, at: int | None) -> Incident:
         del self.open[cur.incident.id]
         inc = cur.incident
-        return dataclasses.replace(inc, state="resolved", resolution=why,
+        done = dataclasses.replace(inc, state="resolved", resolution=why,
                                    resolved_at_ns=at if at is not None else inc.last_seen_ns,
                                    emitted_at=self.clock())
+        self.resolved.append(done)
+        return done

@@ -273,7 +273,11 @@ class LocalizeState:
             fresh.handle(messages[i:i + 1024])
         fresh.settle()
         now = time.monotonic()
-        for inc in incidents:
+        stale = [j for j in st.jobs if partition_of(j.encode(), count) in partitions]
+        # what this worker announced for a partition it had, lost and got back (a broker
+        # whose restart lost the topics and offsets rebuilds from nothing) it knows itself
+        mine = [inc for j in stale for inc in st.jobs[j].tracker.known()]
+        for inc in [*incidents, *mine]:
             if partition_of(inc.job.encode(), count) not in partitions:
                 continue
             if inc.state == "resolved" and inc.job not in fresh.stages.jobs:
@@ -282,7 +286,6 @@ class LocalizeState:
             if stage.last_record is None:  # no input left: it ends after the job's idle time
                 stage.last_record = now
             stage.tracker.resume(inc)
-        stale = [j for j in st.jobs if partition_of(j.encode(), count) in partitions]
         st.adopt(fresh.stages, stale)
 
     def tick(self, now: float | None = None, *, budget_s: float | None = -1.0) -> Output:

@@ -124,13 +124,18 @@ def test_resuming_keeps_other_faults_and_ignores_resolved_ones() -> None:
     assert set(t.open) == {compute.id, net.id}
 
 
-def test_a_fault_another_worker_resolved_found_again_in_the_same_stretch_keeps_its_id() -> None:
-    # the killed worker opened and resolved the fault; the survivor's rebuild of the same
-    # stretch of the job finds it again a few operators later (trace time throughout)
+def _resolved_elsewhere() -> tuple[int, Incident, Incident]:
+    """Trace time 0, and a fault another worker opened and resolved."""
     t0 = _v().first_seen_ns
     before = _tracker()
     first = before.observe([_v(decided=t0 + 5_000)])[0]
-    gone = before.observe([_v("cleared", decided=t0 + 9_000)])[0]
+    return t0, first, before.observe([_v("cleared", decided=t0 + 9_000)])[0]
+
+
+def test_a_fault_another_worker_resolved_found_again_in_the_same_stretch_keeps_its_id() -> None:
+    # the killed worker opened and resolved the fault; the survivor's rebuild of the same
+    # stretch of the job finds it again a few operators later (trace time throughout)
+    t0, first, gone = _resolved_elsewhere()
     t = _tracker()
     t.resume(gone)
     assert t.observe([_v(first_seq=30, decided=t0 + 6_000)]) == []  # the world has seen this one
@@ -144,10 +149,7 @@ def test_a_fault_another_worker_resolved_found_again_in_the_same_stretch_keeps_i
 
 
 def test_a_fault_the_rebuild_opened_again_after_another_worker_resolved_it_keeps_its_id() -> None:
-    t0 = _v().first_seen_ns
-    before = _tracker()
-    first = before.observe([_v(decided=t0 + 5_000)])[0]
-    gone = before.observe([_v("cleared", decided=t0 + 9_000)])[0]
+    t0, first, gone = _resolved_elsewhere()
     t = _tracker()
     rebuilt = t.observe([_v(first_seq=30, decided=t0 + 6_000)])[0]  # the rebuild, outputs dropped
     assert rebuilt.id != first.id

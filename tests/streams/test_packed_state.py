@@ -224,3 +224,27 @@ def test_a_survivor_goes_on_with_the_incidents_the_worker_before_it_opened(sim_t
         finally:
             if isinstance(state, LocalizeProcess):
                 state.close()
+
+
+def test_a_partition_got_back_after_its_offsets_were_lost_keeps_its_incident_ids(sim_trace):
+    """A memory broker's restart loses the topics and the group's offsets: a worker that
+    gets its partition back rebuilds the job from nothing, and what it announced before
+    it knows itself."""
+    from pulse.records import kind_family
+
+    items = _items(sim_trace("nic-slow"))
+    seg = SegmentState(T)
+    groups: list[list[Message]] = []
+    for i in range(0, len(msgs := _messages(items, True)), 64):
+        groups.append([Message(T.op_metrics, key, value, 0, 0) for key, value in seg.handle(msgs[i:i + 64]).op_metrics])
+    state, cut, opened = LocalizeState(), 0, None
+    while opened is None:
+        opened = next((i for i in state.handle(groups[cut], now=0.0).incidents if i.state == "open"), None)
+        cut += 1
+    state.adopt({0}, 1, [])  # nothing committed any more
+    later = []
+    for g in groups[cut:]:
+        later += state.handle(g, now=0.0).incidents
+    later += state.finish().incidents
+    same = [i for i in later if kind_family(i.kind) == kind_family(opened.kind) and set(i.nodes) & set(opened.nodes)]
+    assert same and {i.id for i in same} == {opened.id}, same

@@ -56,7 +56,10 @@ def test_jobs_clear_of_the_broker_and_worker_faults_are_diagnosed_right(soak):
     # other job, InfluxDB outages, poison and bursts notwithstanding, must be right.
     assert soak["clean_incidents_expected"] >= 2
     assert soak["clean_incidents_missed"] == [] and soak["clean_incidents_wrong"] == 0
-    assert soak["incidents_duplicate"] == 0
+    # One fault, one incident id across a worker kill, whatever the survivor's rebuild
+    # judged (the killed worker's incidents are read back); a memory broker's restart loses
+    # the incidents topic with the rest, and a job streamed around it can get a second id.
+    assert soak["incidents_duplicate"] == soak["incidents_duplicate_broker_restart"], soak["incidents_duplicate_detail"]
 
 
 def test_verdicts_reach_influx_through_its_outage(soak):
