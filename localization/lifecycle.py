@@ -155,8 +155,8 @@ class IncidentTracker:
         return out
 
     def resume(self, inc: Incident) -> None:
-        """Go on with an incident that another worker opened and did not resolve (a
-        rebalance moved the job here). The job's state is rebuilt from its committed input,
+        """Go on with an incident that another worker announced (a rebalance moved the job
+        here). The job's state is rebuilt from its committed input,
         which need not open the fault's incident at the same first operator as the live run
         did (the live aligner released operators whose ranks were late on wall-clock
         idleness, the rebuild judges them all at once: the soak saw a gpu-slow job's

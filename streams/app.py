@@ -322,7 +322,8 @@ class Pipeline:
 
     async def _open_incidents(self) -> list[Incident]:
         """The latest state of every incident on the (compacted) incidents topic, for the
-        jobs a takeover rebuilds: the ones still open go on with their ids."""
+        jobs a takeover rebuilds: their incidents go on with their ids, open or found again
+        in the stretch of the job they were resolved in (``IncidentTracker.resume``)."""
         msgs = await read_back(self.bootstrap, self.topics.incidents, client=kafka_client_kwargs(self.settings))
         last: dict[str, Incident] = {}
         for m in msgs:
