@@ -40,9 +40,8 @@ import orjson
 from aiokafka.partitioner import murmur2
 
 from pulse.bounds import InputBounds
-from pulse.errors import PulseError
 from pulse.kafka_security import check_kafka, faust_broker_credentials, kafka_client_kwargs
-from pulse.records import Incident, Verdict, decode_incident
+from pulse.records import Verdict
 from pulse.settings import Settings
 
 from .alerts import AlertSink
@@ -51,7 +50,7 @@ from .influx import InfluxSink
 from .offload import LocalizeProcess
 from .readback import committed_offsets, read_back
 from .state import LocalizeState, Message, Output, SegmentState
-from .takeover import Ownership, replay_partitions
+from .takeover import Ownership, incidents_on, replay_partitions
 
 log = logging.getLogger("pulse.streams")
 
@@ -313,27 +312,17 @@ class Pipeline:
         replay = await replay_partitions(self.bootstrap, self.settings.worker_id, topics, new,
                                          hook_topic=t.hook_events, client=kafka_client_kwargs(self.settings))
         state: Any = self.segment_state if segment else self.localize_state
-        extra: tuple[Any, ...] = () if segment else (await self._open_incidents(),)
+        extra: tuple[Any, ...] = ()
+        if not segment:  # the jobs' incidents go on with their ids (takeover.py)
+            incidents, bad = await incidents_on(self.bootstrap, t.incidents, client=kafka_client_kwargs(self.settings))
+            if bad:
+                log.warning("%s: %d incident records that do not decode skipped: %s", self.member, len(bad), bad[:3])
+            extra = (incidents,)
         await self._run(self._seg_pool if segment else self._loc_pool,
                         lambda _m: state.adopt(new, n, replay, *extra) or Output(), [])
         self.taken_over += len(new)
         log.warning("%s: took over %s partitions %s (rebuilt from %d committed messages)", self.member,
                     "segment" if segment else "localize", sorted(new), len(replay))
-
-    async def _open_incidents(self) -> list[Incident]:
-        """The latest state of every incident on the (compacted) incidents topic, for the
-        jobs a takeover rebuilds: their incidents go on with their ids, open or found again
-        in the stretch of the job they were resolved in (``IncidentTracker.resume``)."""
-        msgs = await read_back(self.bootstrap, self.topics.incidents, client=kafka_client_kwargs(self.settings))
-        last: dict[str, Incident] = {}
-        for m in msgs:
-            try:
-                inc = decode_incident(m.value or b"", f"{m.topic}[{m.partition}]@{m.offset}")
-            except PulseError as exc:  # not ours to dead-letter: it was sent by a worker
-                log.warning("%s: an incident record that does not decode is skipped: %s", self.member, exc)
-                continue
-            last[inc.id] = inc
-        return list(last.values())
 
     def _localize(self, msgs: list[Message]) -> asyncio.Future[Output]:
         """Records to the localize state, in submission order (one thread); counted until

@@ -16,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from pulse.errors import PulseError
+from pulse.records import Incident, decode_incident
+
 from .readback import committed_offsets, read_back
 from .state import Message, partition_of
 
-__all__ = ["Ownership", "partition_of", "replay_partitions"]
+__all__ = ["Ownership", "incidents_on", "latest_incidents", "partition_of", "replay_partitions"]
 
 
 class Ownership:
@@ -62,3 +65,25 @@ async def replay_partitions(bootstrap: str, group: str, topics: list[str], parti
             msgs += await read_back(bootstrap, topic, upto=upto, client=client)
     msgs.sort(key=lambda m: (m.timestamp or 0, m.topic != hook_topic))
     return msgs
+
+
+def latest_incidents(messages: Iterable[Message]) -> tuple[list[Incident], list[str]]:
+    """The latest state of each incident in ``messages`` (the compacted incidents topic, read
+    back for a takeover: the jobs' incidents go on with their ids), and why each record
+    that does not decode was skipped (workers wrote them; nothing to dead-letter)."""
+    last: dict[str, Incident] = {}
+    bad: list[str] = []
+    for m in messages:
+        try:
+            inc = decode_incident(m.value or b"", f"{m.topic}[{m.partition}]@{m.offset}")
+        except PulseError as exc:
+            bad.append(str(exc))
+            continue
+        last[inc.id] = inc
+    return list(last.values()), bad
+
+
+async def incidents_on(bootstrap: str, topic: str, *, client: dict[str, Any] | None = None,
+                       ) -> tuple[list[Incident], list[str]]:
+    """:func:`latest_incidents` of the incidents topic as the broker holds it now."""
+    return latest_incidents(await read_back(bootstrap, topic, client=client))

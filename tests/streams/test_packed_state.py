@@ -13,7 +13,7 @@ from pulse.streams.state import LocalizeState, Message, SegmentState
 
 from pulse import events as _events
 from pulse import samples as _samples
-from pulse.records import decode_data_end, decode_op_metrics_many
+from pulse.records import Incident, decode_data_end, decode_op_metrics_many, kind_family
 from pulse.samples import EpochBatch
 from pulse.settings import Topics
 
@@ -191,25 +191,36 @@ def test_a_hung_gpu_is_a_compute_stop_in_the_agents_as_in_diagnose(sim_trace):
     assert stream == batch == {("compute-stop", culprit)}
 
 
+def _op_metric_groups(trace) -> list[list[Message]]:
+    """The trace's op-metrics messages as the segment state sends them, 64 inputs a call."""
+    seg = SegmentState(T)
+    msgs = _messages(_items(trace), True)
+    return [[Message(T.op_metrics, key, value, 0, 0) for key, value in seg.handle(msgs[i:i + 64]).op_metrics]
+            for i in range(0, len(msgs), 64)]
+
+
+def _until_opened(state, groups) -> tuple[int, Incident]:
+    """Feed ``groups`` until an incident opens: how many were fed, and the incident."""
+    for n, g in enumerate(groups, 1):
+        opened = next((i for i in state.handle(g, now=0.0).incidents if i.state == "open"), None)
+        if opened is not None:
+            return n, opened
+    raise AssertionError("no incident opened")
+
+
+def _same_fault(later: list[Incident], inc: Incident) -> list[Incident]:
+    return [i for i in later if kind_family(i.kind) == kind_family(inc.kind) and set(i.nodes) & set(inc.nodes)]
+
+
 def test_a_survivor_goes_on_with_the_incidents_the_worker_before_it_opened(sim_trace):
     """A takeover rebuilds a job from its committed records; the incident the killed worker
     had opened (here under another first operator, as when its aligner released late ranks
     on idleness) goes on with its id, in process and in the child process alike."""
     import dataclasses
 
-    from pulse.records import kind_family
-
-    items = _items(sim_trace("nic-slow"))
-    seg = SegmentState(T)
-    groups: list[list[Message]] = []
-    for i in range(0, len(msgs := _messages(items, True)), 64):
-        groups.append([Message(T.op_metrics, key, value, 0, 0) for key, value in seg.handle(msgs[i:i + 64]).op_metrics])
-    # how far the committed records reach: past the incident's opening
-    probe, cut, opened = LocalizeState(), 0, None
-    while opened is None:
-        opened = next((i for i in probe.handle(groups[cut], now=0.0).incidents if i.state == "open"), None)
-        cut += 1
-    cut += 4
+    groups = _op_metric_groups(sim_trace("nic-slow"))
+    cut, opened = _until_opened(LocalizeState(), groups)
+    cut += 4  # how far the committed records reach: past the incident's opening
     live = dataclasses.replace(opened, id="inc-live", first_op={**opened.first_op, "seq": opened.first_op["seq"] - 3})
     for state in (LocalizeState(), LocalizeProcess()):
         try:
@@ -218,7 +229,7 @@ def test_a_survivor_goes_on_with_the_incidents_the_worker_before_it_opened(sim_t
             for g in groups[cut:]:
                 later += state.handle(g, now=0.0).incidents
             later += state.finish().incidents
-            same = [i for i in later if kind_family(i.kind) == kind_family(live.kind) and set(i.nodes) & set(live.nodes)]
+            same = _same_fault(later, live)
             assert same and {i.id for i in same} == {"inc-live"}, same
             assert "open" not in {i.state for i in same}
         finally:
@@ -230,21 +241,13 @@ def test_a_partition_got_back_after_its_offsets_were_lost_keeps_its_incident_ids
     """A memory broker's restart loses the topics and the group's offsets: a worker that
     gets its partition back rebuilds the job from nothing, and what it announced before
     it knows itself."""
-    from pulse.records import kind_family
-
-    items = _items(sim_trace("nic-slow"))
-    seg = SegmentState(T)
-    groups: list[list[Message]] = []
-    for i in range(0, len(msgs := _messages(items, True)), 64):
-        groups.append([Message(T.op_metrics, key, value, 0, 0) for key, value in seg.handle(msgs[i:i + 64]).op_metrics])
-    state, cut, opened = LocalizeState(), 0, None
-    while opened is None:
-        opened = next((i for i in state.handle(groups[cut], now=0.0).incidents if i.state == "open"), None)
-        cut += 1
+    groups = _op_metric_groups(sim_trace("nic-slow"))
+    state = LocalizeState()
+    cut, opened = _until_opened(state, groups)
     state.adopt({0}, 1, [])  # nothing committed any more
     later = []
     for g in groups[cut:]:
         later += state.handle(g, now=0.0).incidents
     later += state.finish().incidents
-    same = [i for i in later if kind_family(i.kind) == kind_family(opened.kind) and set(i.nodes) & set(opened.nodes)]
+    same = _same_fault(later, opened)
     assert same and {i.id for i in same} == {opened.id}, same
