@@ -267,6 +267,9 @@ class RailEvidence:
         self.p = p
         self.topo = topo
         self.siblings: dict[tuple[Any, ...], list[tuple[int, int, str]]] = {}
+        self.grouped: dict[tuple[Any, ...], list[tuple[int, int, str, int]]] = {}
+        """All-to-alls (complete, with their per-peer figures): per NIC (end_ns, t_host_ns,
+        comm, act_ns)."""
         self.records: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=p.rail_max_records)
         self._comm_nodes: dict[str, frozenset[str]] = {}
         self._with_node: dict[tuple[str, str], frozenset[str]] = {}
@@ -288,14 +291,24 @@ class RailEvidence:
                 self._with_node[(m.comm_id, m.node)] = nodes
         return (m.node, m.kind, m.seq, m.expected_bytes, m.nranks, nodes)
 
+    def grouped_key(self, m: OpMetrics) -> tuple[Any, ...]:
+        """An all-to-all's siblings: its bytes differ from rail to rail (expert routing), so
+        they are matched without them."""
+        return self.key(m)[:3] + self.key(m)[4:]
+
     def note_record(self, m: OpMetrics) -> None:
-        if m.complete and m.kind != GROUPED and m.t_host_ns is not None:
+        if not m.complete or m.t_host_ns is None:
+            return
+        if m.kind != GROUPED:
             self.siblings.setdefault(self.key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id))
+        elif m.peer_done_ns is not None:
+            self.grouped.setdefault(self.grouped_key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id, m.act_ns))
 
     def trim(self) -> None:
-        if len(self.siblings) > self.p.rail_siblings_max:
-            for k in list(self.siblings)[:self.p.rail_siblings_drop]:
-                del self.siblings[k]
+        for table in (self.siblings, self.grouped):
+            if len(table) > self.p.rail_siblings_max:
+                for k in list(table)[:self.p.rail_siblings_drop]:
+                    del table[k]
 
 
 class Evidence:

@@ -27,7 +27,7 @@ from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import AlivePoints, Evidence, node_of
-from ..observations import RAIL, Finding
+from ..observations import GROUPED_RAIL_METRIC, RAIL, Finding
 from ..params import LocalizeParams
 from ..robust import median
 
@@ -39,7 +39,10 @@ def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetr
     rail = ev.rail
     members = rail.member_nodes(comm) | {r.node for r in ordered}
     for i, r in enumerate(ordered):
-        if not r.complete or r.kind == GROUPED or r.t_host_ns is None:
+        if not r.complete or r.t_host_ns is None:
+            continue
+        if r.kind == GROUPED:
+            _judge_grouped(ev, p, comm, ordered, endpoints, i)
             continue
         # siblings: the same operator issued at the same moment on the node's other NICs
         sib = [e for e, th, c in rail.siblings.get(rail.key(r), ())
@@ -52,6 +55,41 @@ def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetr
                         "end_after_other_nics_ns", r.start_ns, r.end_ns, peer_eps[i])
             rail.records.append((f, members))
     rail.trim()
+
+
+def _judge_grouped(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetrics], endpoints: list[str],
+                   i: int) -> None:
+    """An all-to-all against the same all-to-all on its node's other NICs. Its bytes differ
+    from rail to rail (expert routing), so only the part of its lateness that was *silence*
+    counts: the end after the siblings' median less what its own extra active time explains
+    (a NIC moving more bytes is busy longer; a NIC that is down moves nothing, and the
+    sends it holds or waits for finish once it is back). Healthy simulated MoE jobs: sibling
+    all-to-alls end within an epoch, with no silence at all. An all-to-all talks to every
+    peer at once, so the record implicates its own node and the peers whose last byte left
+    late (its per-peer completion times), not the whole communicator: the NIC that went
+    down is the one every late record has in common (a healthy rank's exchange with it
+    stalls; its own exchanges with everyone do)."""
+    rail, r = ev.rail, ordered[i]
+    if r.peer_ranks is None or r.peer_done_ns is None:
+        return
+    sib = [(e, a) for e, th, c, a in rail.grouped.get(rail.grouped_key(r), ())
+           if c != comm and abs(th - r.t_host_ns) <= p.rail_issue_ns]
+    if len(sib) < p.rail_min_siblings:
+        return
+    ref = median([e for e, _a in sib])
+    silence = (r.end_ns - ref) - max(0.0, r.act_ns - median([a for _e, a in sib]))
+    if silence < p.rail_late_ns:
+        return
+    node_of_rank = dict(ev.topo.members(comm))
+    ep_of_rank = {x.rank: endpoints[j] for j, x in enumerate(ordered)}
+    late = [pr for pr, done in zip(r.peer_ranks, r.peer_done_ns, strict=True)
+            if r.start_ns + done - ref >= p.rail_late_ns and pr in node_of_rank]
+    if not late:
+        return
+    peers = tuple(sorted({ep_of_rank[pr] for pr in late if pr in ep_of_rank}))
+    f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(silence), 0.0, GROUPED_RAIL_METRIC,
+                r.start_ns, r.end_ns, peers)
+    rail.records.append((f, frozenset({r.node, *(node_of_rank[pr] for pr in late)})))
 
 
 def alive_in(alive: AlivePoints, p: LocalizeParams, ep: str, findings: list[Finding]) -> set[tuple[str, int]]:
@@ -99,8 +137,11 @@ def rail_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
         if not own:
             # no late record of x's own: every stalled send went *into* x (a flap that
             # phase-locks with the step only ever catches the gradient sends into it);
-            # the NICs they went to are x's end of the stalled links
-            own = [e for f in findings for e in f.peer_eps if node_of(e) == x]
+            # the NICs they went to are x's end of the stalled links. Not from all-to-alls:
+            # their sends into x also wait for x to post its receives, so a GPU of x that
+            # issues late looks the same from its peers; a NIC of x that is down stalls x's
+            # own sends too, which gives x late records of its own.
+            own = [e for f in findings if f.metric != GROUPED_RAIL_METRIC for e in f.peer_eps if node_of(e) == x]
         if not own or Counter(own).most_common(1)[0][1] < p.rail_nic_frac * len(own):
             return {}  # x's late records spread over its NICs: not one NIC (a host)
         nic_of[x] = Counter(own).most_common(1)[0][0]

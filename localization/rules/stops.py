@@ -53,8 +53,13 @@ def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
     send waits for (a hung GPU posts nothing): the sender is not stuck on its network.
     Only once the receiver's own data (when known) goes on for a stall's length past
     the send."""
+    return [absent for _send, absent in _unposted(ev, p)]
+
+
+def _unposted(ev: Evidence, p: LocalizeParams) -> list[tuple[Finding, Finding]]:
+    """(stalled send, absence of its receiver) for each send :func:`unposted_receivers` reads."""
     st = ev.stops
-    out: list[Finding] = []
+    out: list[tuple[Finding, Finding]] = []
     for f in st.stalls:
         if f.comm_id not in st.p2p_seen:
             continue
@@ -68,8 +73,8 @@ def unposted_receivers(ev: Evidence, p: LocalizeParams) -> list[Finding]:
             # data end and the send's start are two nodes' clocks: the skew bound on top.
             if (peer is not None and last is not None and last < f.seq
                     and (end is None or end - f.start_ns >= p.stall_ns + p.clock_skew_ns)):
-                out.append(Finding(ABSENT, f.comm_id, f.seq, rank, peer, peer, 0.0, 1.0, "started",
-                                   f.start_ns, f.start_ns))
+                out.append((f, Finding(ABSENT, f.comm_id, f.seq, rank, peer, peer, 0.0, 1.0, "started",
+                                       f.start_ns, f.start_ns)))
     return out
 
 
@@ -199,6 +204,15 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     started = [f for f in stalls if (f.comm_id, f.seq) not in absent_ops]
     if started and len(started) < len(stalls):
         stalls = started
+    # Likewise a point-to-point send whose receiver never posted the receive: the receiver's
+    # host is held by something else (a stop elsewhere), and nothing crossed the link because
+    # nothing was asked of it (sweep 103 #19: a dead NIC's stage-mate, stuck in an all-to-all
+    # with it, posted no receive for its pipeline partner's next sends; with a 10 ms skew
+    # bound those stalls counted among the first and named the stage-mate network-stop).
+    unposted = {id(send) for send, _absent in _unposted(ev, p)}
+    posted = [f for f in stalls if id(f) not in unposted]
+    if posted and len(posted) < len(stalls):
+        stalls = posted
     # A point-to-point send stalled at zero bytes without its receiver's grant says the
     # link between the two broke, not at which end (the grant crosses it from the receiver,
     # the data from the sender: a dead NIC at either end stops both). When other records

@@ -142,3 +142,82 @@ def test_rail_late_records_on_a_nic_an_open_incident_blames_are_its_doing():
     ev.last_end_ns = 700 * MS
     assert list(rail_hypotheses(ev, p, set())) == [("network-slow", (B,))]  # the stray record decides
     assert rail_hypotheses(ev, p, set(), {ep(A)}) == {}
+
+
+# -- all-to-alls (MoE): per-peer rail skew ---------------------------------------------------
+
+NODES4 = (A, B, C, D)
+
+
+def _a2a(k: int, rank: int, *, end: int, act: int = 320_000, late_to: dict[int, int] | None = None,
+         nbytes: int = 8 << 20):
+    """Rank ``rank`` (on node ``rank``) of the all-to-all on rail ``k`` (4 ranks, one per node),
+    started at 9 ms: its last byte to each peer left at ``end``, or at ``late_to[peer]``."""
+    start = 9 * MS
+    peers = [q for q in range(4) if q != rank]
+    done = [(late_to or {}).get(q, end) - start for q in peers]
+    return synth.record(f"a{k}", 7, rank, rank, kind="GroupP2P", nranks=4, start=start, end=start + max(done),
+                        t_host=0, nic=f"mlx5_{k}", act=act, nbytes=nbytes, peer_ranks=peers, peer_done_ns=done,
+                        peer_bytes=[nbytes // 3] * 3, peer_expected_bytes=[nbytes // 3] * 3)
+
+
+def _judge_a2a(ev, p, rank: int, *, late_to: dict[int, int], act: int = 320_000) -> None:
+    """Rank ``rank``'s all-to-all on rail 0 judged against the same operator on rails 1-3
+    (which moved other byte counts, as expert routing does) of its node."""
+    for k in range(4):
+        ev.topo.add(synth.comm_events(f"a{k}", [0, 1, 2, 3], [f"mlx5_{k}"] * 4, 10 * k))
+    for k in (1, 2, 3):
+        ev.rail.note_record(_a2a(k, rank, end=10 * MS, nbytes=(4 + k) << 20))
+    ordered = [_a2a(0, r, end=10 * MS, late_to=late_to if r == rank else None, act=act if r == rank else 320_000)
+               for r in range(4)]
+    for r in ordered:
+        ev.rail.note_record(r)
+    judge_rails(ev, p, "a0", ordered, [ep(n) for n in NODES4], [tuple(ep(m) for m in NODES4 if m != n) for n in NODES4])
+
+
+def test_an_all_to_all_silent_toward_one_peer_implicates_that_peer_only():
+    ev, p = evidence()
+    _judge_a2a(ev, p, 0, late_to={1: 10 * MS + p.rail_late_ns})
+    [(f, members)] = list(ev.rail.records)
+    assert (f.node, f.endpoint, f.metric, f.peer_eps) == (A, ep(A), "silent_after_other_nics_ns", (ep(B),))
+    assert members == frozenset({A, B})  # not the whole communicator
+
+
+def test_an_all_to_all_late_by_its_own_extra_bytes_is_not_rail_late():
+    ev, p = evidence()
+    # as late, but active all that time: a NIC moving more bytes, not a NIC that was down
+    _judge_a2a(ev, p, 0, late_to={1: 10 * MS + p.rail_late_ns}, act=320_000 + p.rail_late_ns)
+    assert not ev.rail.records
+
+
+def test_an_all_to_all_ending_with_its_siblings_is_not_rail_late():
+    ev, p = evidence()
+    _judge_a2a(ev, p, 0, late_to={1: 10 * MS + p.rail_late_ns - 1})
+    assert not ev.rail.records
+
+
+def test_the_nic_every_stalled_all_to_all_has_in_common_is_network_slow():
+    # B's mlx5_0 is down for a while: its own exchanges with everyone stall, and so does
+    # each peer's exchange with it
+    ev, p = evidence()
+    late = 10 * MS + 5 * MS
+    _judge_a2a(ev, p, 1, late_to={0: late, 2: late, 3: late})
+    for rank in (0, 2, 3):
+        _judge_a2a(ev, p, rank, late_to={1: late})
+    assert [sorted(m) for _f, m in ev.rail.records] == [[A, B, C, D], [A, B], [B, C], [B, D]]
+    ev.last_end_ns = late
+    got = rail_hypotheses(ev, p, set())
+    assert list(got) == [("network-slow", (B,))] and got[("network-slow", (B,))].nics == [ep(B)]
+
+
+def test_peers_waiting_for_a_late_issuer_name_nobody():
+    # B's GPU issues its all-to-all late (not a sibling of its other rails): every peer's
+    # exchange with B waits for B's receives, but B's own sends never stall. From the
+    # peers' side this is what a down NIC looks like; without a late record of B's own,
+    # nobody is named (a NIC fault stalls its own sends too).
+    ev, p = evidence()
+    for rank in (0, 2, 3):
+        _judge_a2a(ev, p, rank, late_to={1: 15 * MS})
+    ev.last_end_ns = 15 * MS
+    assert len(ev.rail.records) == 3
+    assert rail_hypotheses(ev, p, set()) == {}

@@ -311,3 +311,27 @@ def test_silence_is_only_read_where_it_says_something():
     ev.stops.stalls.append(finding(STALL, B, seq=4, rank=1, value=0.0, metric="sent_fraction",
                                    start=6 * MS, end=6 * MS, to=(ep(C),)))
     assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+
+
+def test_sends_into_a_receiver_that_posted_nothing_give_way_to_the_stalls_of_posted_ones():
+    # B's NIC dies while A sends into it (B posted that receive: the grant could not leave).
+    # B's stage-mate C, stuck in an exchange with B, posts no receive for D's next pipeline
+    # sends, which stall at zero too, on two rails, within the skew bound of A's stall: they
+    # outnumber it, but nothing was asked of their links (sweep 103 #19, named C).
+    ev, p = evidence(clock_skew_ns=10 * MS)
+    ev.topo.add(synth.comm_events("p0", [0, 1], ["mlx5_0", "mlx5_0"], 1))
+    for k in (0, 1):
+        ev.topo.add(synth.comm_events(f"q{k}", [3, 2], [f"mlx5_{k}"] * 2, 10 + 2 * k))
+    ev.stops.stalls.append(finding(STALL, A, comm="p0", seq=5, rank=0, value=0.0, metric="sent_fraction",
+                                   start=9 * MS, end=10 * MS, to=(ep(B),)))
+    ev.stops.p2p_issued[("p0", B)] = 5
+    _alive_at(ev, 30 * MS)  # A's NIC goes on with a third party: A was up
+    for k in (0, 1):
+        ev.stops.stalls.append(finding(STALL, D, comm=f"q{k}", seq=6, rank=0, value=0.0, metric="sent_fraction",
+                                       start=14 * MS, end=15 * MS, to=(ep(C, k),)))
+        ev.stops.p2p_issued[(f"q{k}", C)] = 5
+        ev.stops.p2p_seen[f"q{k}"] = 6
+    ev.data_end[C] = 15 * MS + p.stall_ns + p.clock_skew_ns
+    # C's own exchange with B stalled part-way: C is stuck, not hung
+    ev.stops.stalls.append(stall(C, B, sent=0.6, end=12 * MS))
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (B,))]
