@@ -230,11 +230,14 @@ def _table(console: Any, scores: list[Any], sums: dict[str, Any]) -> None:
               help="--sweep: each run's clock offsets are drawn in +- a value drawn up to this (µs).")
 @click.option("--no-hooks", "no_hooks", is_flag=True,
               help="Score Pulse in network-only mode: every descriptor ignored, operators inferred from the traffic.")
+@click.option("--twins", is_flag=True,
+              help="Simulate each run Pulse missed again without its fault and report how much the fault "
+                   "slowed the job (a missed fault that never slowed it is counted apart).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with per-run scores and summaries.")
 def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload: str | None, jobs: int,
                  keep: Path | None, sim_args: tuple[str, ...], sweep_n: int | None, sweep_seed: int,
                  max_nodes: int, max_gpus_per_node: int, sweep_steps: int, max_clock_skew_us: float,
-                 no_hooks: bool, as_json: bool) -> None:
+                 no_hooks: bool, twins: bool, as_json: bool) -> None:
     """Simulate the scenario battery (or a random --sweep), run Pulse and the baseline on every
     trace, score both."""
     from .evaluate import evaluate, per_scenario, plan, summaries, sweep_plan
@@ -273,34 +276,49 @@ def eval_command(scenarios: str | None, seeds: int, healthy_seeds: int, workload
             def tick(run: Any, s: Any) -> None:
                 by_name[run.name] = s
                 prog.advance(task)
-            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick, network_only=no_hooks)
+            scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=tick, network_only=no_hooks, twins=twins)
     else:
         def note(run: Any, s: Any) -> None:
             by_name[run.name] = s
             if not as_json:
                 console.print(f"{run.scenario} seed {run.seed} sev {run.severity}: "
                               + ", ".join(f"{x.method}={x.outcome}" for x in s))
-        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note, network_only=no_hooks)
+        scores = evaluate(runs, params, jobs=jobs, keep=keep, progress=note, network_only=no_hooks, twins=twins)
     order = {n: i for i, n in enumerate(dict.fromkeys(r.scenario for r in runs))}
     scores.sort(key=lambda s: (order.get(s.scenario.split(" ")[0], 99), s.scenario, s.seed or 0, s.method))
     sums = summaries(scores)
     if drawn:
-        _sweep_report(console, drawn, runs, by_name, scores, sums, tuple(sim_args), sweep_seed, as_json, params)
+        _sweep_report(console, drawn, runs, by_name, scores, sums, tuple(sim_args), sweep_seed, as_json, params, twins)
         return
     if as_json:
         obj = {"runs": [s.to_dict() for s in scores], "per_scenario": per_scenario(scores),
-               "summary": {m: x.to_dict() for m, x in sums.items()}, "network_only": no_hooks}
+               "summary": {m: x.to_dict() for m, x in sums.items()}, "network_only": no_hooks,
+               **({"missed_job_not_slowed": _not_slowed(scores)} if twins else {})}
         sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
         return
     _table(console, scores, sums)
+    if twins:
+        _twins_line(console, scores)
 
 
 WRONG = ("missed", "misdiagnosed", "false-alarm")
 
 
+def _not_slowed(scores: list[Any]) -> int:
+    from .evaluate import not_slowed
+    return sum(s.method == "pulse" and not_slowed(s) for s in scores)
+
+
+def _twins_line(console: Any, scores: list[Any]) -> None:
+    from .evaluate import NOT_SLOWED
+    missed = sum(s.method == "pulse" and s.outcome_all == "missed" for s in scores)
+    console.print(f"pulse missed {missed} faulty runs; the fault slowed the job by less than "
+                  f"{100 * NOT_SLOWED:g} % (its healthy twin) in {_not_slowed(scores)} of them")
+
+
 def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict[str, Any], scores: list[Any],
                   sums: dict[str, Any], extra: tuple[str, ...], sweep_seed: int, as_json: bool,
-                  params: LocalizeParams) -> None:
+                  params: LocalizeParams, twins: bool = False) -> None:
     """The battery's table and summary, then every Pulse miss, misdiagnosis (first incident
     or any incident) and false alarm with its drawn parameters and a replayable command."""
     from .evaluate import per_scenario
@@ -313,10 +331,13 @@ def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict
     if as_json:
         obj = {"sweep": {"runs": len(drawn), "seed": sweep_seed, "clock_skew_bound_ns": params.clock_skew_ns},
                "runs": rows, "wrong": wrong,
+               **({"missed_job_not_slowed": _not_slowed(scores)} if twins else {}),
                "per_scenario": per_scenario(scores), "summary": {m: x.to_dict() for m, x in sums.items()}}
         sys.stdout.buffer.write(orjson.dumps(obj) + b"\n")
         return
     _table(console, scores, sums)
+    if twins:
+        _twins_line(console, scores)
     if not wrong:
         console.print(f"[bold green]sweep {sweep_seed}: every one of {len(drawn)} runs right on every incident[/]")
         return
@@ -324,6 +345,7 @@ def _sweep_report(console: Any, drawn: list[Any], runs: list[Any], by_name: dict
                   f"bound {params.clock_skew_ns / 1e6:g} ms)[/]")
     for r in wrong:
         d = r["draw"]
+        slowed = "" if r.get("job_slowdown") is None else f" (job x{r['job_slowdown']:.4f} of its healthy twin)"
         console.print(f"#{r['index']} {d['scenario']} -> {r['outcome']} (every incident: {r['outcome_all']}): "
-                      + ("; ".join(r["named"]) or "no incident"))
+                      + ("; ".join(r["named"]) or "no incident") + slowed)
         console.print(f"  {r['replay']}", soft_wrap=True)

@@ -118,8 +118,45 @@ def _complete(trace: Path) -> bool:
         return False
 
 
+NOT_SLOWED = 0.01
+"""``--twins``: a missed fault whose job ran less than this much longer than its healthy twin
+after the onset is reported as one that did not slow the job. A reporting bucket, not a
+detection threshold: the twin draws its own jitter, so the two differ by a little even
+when the fault changed nothing (x1.0000-x1.0025 on the sweeps' invisible faults, e.g. a
+path the job's traffic hardly used); the figure itself is in every run's JSON."""
+
+
+def twin_run(run: Run) -> Run:
+    """The same draw without its fault: healthy, no severity (the onset is kept, unused)."""
+    return dataclasses.replace(run, scenario="healthy", severity=None,
+                               name=f"{run.name or f'{run.scenario}-{run.workload}-s{run.seed}'}-twin")
+
+
+def job_slowdown(truth: dict[str, Any], twin: dict[str, Any]) -> float | None:
+    """The job's time from the onset to its end over its healthy twin's (None: hung, or no
+    onset to measure from)."""
+    onset = truth.get("onset_ns")
+    sim, tsim = truth.get("sim") or {}, twin.get("sim") or {}
+    if onset is None or sim.get("hung") or "end_true_ns" not in sim or "end_true_ns" not in tsim:
+        return None
+    base = tsim["end_true_ns"] - onset
+    return (sim["end_true_ns"] - onset) / base if base > 0 else None
+
+
+def _twin_slowdown(run: Run, truth: dict[str, Any], tmp: Path, keep: Path | None) -> float | None:
+    twin = twin_run(run)
+    trace = keep / twin.name if keep and twin.name else tmp / "twin"
+    if not (keep and _complete(trace) and _made_by(trace, twin)):
+        if trace.exists():
+            shutil.rmtree(trace)
+        simulate(twin, trace)
+        if keep:
+            _sidecar(trace).write_bytes(orjson.dumps(sim_command(twin)))
+    return job_slowdown(truth, read_truth(trace))
+
+
 def run_one(run: Run, params: LocalizeParams, keep: Path | None = None,
-            network_only: bool = False) -> list[ScenarioScore]:
+            network_only: bool = False, twins: bool = False) -> list[ScenarioScore]:
     tmp = Path(tempfile.mkdtemp(prefix="pulse-eval-"))
     try:
         name = run.name or f"{run.scenario}-{run.workload}-s{run.seed}"
@@ -139,6 +176,10 @@ def run_one(run: Run, params: LocalizeParams, keep: Path | None = None,
             s.scenario = run.scenario if run.workload == _battery()[run.scenario].workload else \
                 f"{run.scenario} ({run.workload})"
             out.append(s)
+        if twins and run.scenario != "healthy" and any(s.method == "pulse" and s.outcome_all == "missed" for s in out):
+            slowdown = _twin_slowdown(run, truth, tmp, keep)
+            for s in out:
+                s.job_slowdown = slowdown
         return out
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -146,19 +187,21 @@ def run_one(run: Run, params: LocalizeParams, keep: Path | None = None,
 
 def evaluate(runs: list[Run], params: LocalizeParams, *, jobs: int = 2, keep: Path | None = None,
              progress: Callable[[Run, list[ScenarioScore]], None] | None = None,
-             network_only: bool = False) -> list[ScenarioScore]:
+             network_only: bool = False, twins: bool = False) -> list[ScenarioScore]:
     """Score Pulse and the baseline on every run; ``network_only``: Pulse infers from the
-    traffic alone, every descriptor ignored (the baseline is unchanged)."""
+    traffic alone, every descriptor ignored (the baseline is unchanged); ``twins``: each run
+    Pulse missed is simulated again without its fault, to measure how much the fault slowed
+    the job (:func:`job_slowdown`)."""
     scores: list[ScenarioScore] = []
     if jobs <= 1:
         for r in runs:
-            s = run_one(r, params, keep, network_only)
+            s = run_one(r, params, keep, network_only, twins)
             scores += s
             if progress:
                 progress(r, s)
         return scores
     with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futs = {pool.submit(run_one, r, params, keep, network_only): r for r in runs}
+        futs = {pool.submit(run_one, r, params, keep, network_only, twins): r for r in runs}
         for fut in as_completed(futs):
             s = fut.result()
             scores += s
@@ -173,6 +216,11 @@ def sweep_plan(draws: list[Any], sim_args: tuple[str, ...] = (), sweep_seed: int
                 name=f"sweep{sweep_seed}-{d.index:03d}-{d.scenario}") for d in draws]
 
 
+def not_slowed(s: ScenarioScore) -> bool:
+    """A missed run whose fault did not slow its job (measured by ``--twins`` only)."""
+    return s.outcome_all == "missed" and s.job_slowdown is not None and s.job_slowdown < 1.0 + NOT_SLOWED
+
+
 def per_scenario(scores: list[ScenarioScore]) -> dict[str, dict[str, dict[str, int]]]:
     table: dict[str, dict[str, dict[str, int]]] = {}
     for s in scores:
@@ -184,6 +232,8 @@ def per_scenario(scores: list[ScenarioScore]) -> dict[str, dict[str, dict[str, i
         cell[s.outcome] = cell.get(s.outcome, 0) + 1
         # every incident scored: runs that named a healthy node at any point
         cell["misdiagnosed_any"] = cell.get("misdiagnosed_any", 0) + (s.outcome_all == "misdiagnosed")
+        if not_slowed(s):
+            cell["missed_job_not_slowed"] = cell.get("missed_job_not_slowed", 0) + 1
     return table
 
 

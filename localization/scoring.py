@@ -64,6 +64,10 @@ class ScenarioScore:
     """Incidents that match the truth and name no healthy node."""
     named: list[str] = dataclasses.field(default_factory=list)
     """Every incident as "kind level node,node", in the order they were decided."""
+    job_slowdown: float | None = None
+    """Evaluation only (``pulse eval --twins``), on missed runs: the job's time after the onset
+    over its healthy twin's (the same draw without the fault), 1.0 for a fault that never
+    slowed it; None when not measured or the job hung."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

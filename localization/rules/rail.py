@@ -70,7 +70,7 @@ def _judge_grouped(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpM
     down is the one every late record has in common (a healthy rank's exchange with it
     stalls; its own exchanges with everyone do)."""
     rail, r = ev.rail, ordered[i]
-    if r.peer_ranks is None or r.peer_done_ns is None:
+    if r.peer_ranks is None or r.peer_done_ns is None or r.t_host_ns is None:
         return
     sib = [(e, a) for e, th, c, a in rail.grouped.get(rail.grouped_key(r), ())
            if c != comm and abs(th - r.t_host_ns) <= p.rail_issue_ns]

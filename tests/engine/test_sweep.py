@@ -146,3 +146,27 @@ def test_a_simulation_that_fails_stops_the_evaluation_with_its_reason(monkeypatc
     assert r.exit_code == 1, r.output
     assert "error: No space left on device" in r.stderr
     assert "failed (exit 1)" in r.stderr.splitlines()[-1] and "Traceback" not in r.output
+
+
+def test_job_slowdown_is_the_time_after_the_onset_over_the_healthy_twins() -> None:
+    from pulse.engine.evaluate import job_slowdown
+    truth = {"onset_ns": 100, "sim": {"end_true_ns": 300, "hung": False}}
+    assert job_slowdown(truth, {"sim": {"end_true_ns": 250}}) == pytest.approx(200 / 150)
+    assert job_slowdown({**truth, "sim": {"end_true_ns": 300, "hung": True}}, {"sim": {"end_true_ns": 250}}) is None
+    assert job_slowdown({**truth, "onset_ns": None}, {"sim": {"end_true_ns": 250}}) is None
+
+
+def test_a_faults_twin_is_the_same_draw_without_it_and_measures_its_slowdown(tmp_path: Path) -> None:
+    from pulse.engine.evaluate import NOT_SLOWED, Run, job_slowdown, simulate, twin_run
+    shape = ("--nodes", "4", "--gpus-per-node", "2", "--nics-per-node", "2", "--steps", "6", "--onset-ms", "100")
+    run = Run("nic-slow", 3, 0.25, "dense", shape, name="sweep1-000-nic-slow")
+    twin = twin_run(run)
+    assert (twin.scenario, twin.severity, twin.seed, twin.sim_args, twin.name) == (
+        "healthy", None, 3, shape, "sweep1-000-nic-slow-twin")
+    simulate(run, tmp_path / "run")
+    simulate(twin, tmp_path / "twin")
+    truth, healthy = read_truth(tmp_path / "run"), read_truth(tmp_path / "twin")
+    assert healthy["scenario"] == "healthy" and healthy["sim"]["nodes"] == truth["sim"]["nodes"] == 4
+    # a NIC at a quarter of its capacity from 100 ms on: the job runs longer than without it
+    # (x1.049 for this seed: its steps are mostly compute), beyond the "not slowed" bucket
+    assert job_slowdown(truth, healthy) > 1.0 + 2 * NOT_SLOWED
