@@ -143,15 +143,20 @@ def job_slowdown(truth: dict[str, Any], twin: dict[str, Any]) -> float | None:
     return (sim["end_true_ns"] - onset) / base if base > 0 else None
 
 
-def _twin_slowdown(run: Run, truth: dict[str, Any], tmp: Path, keep: Path | None) -> float | None:
-    twin = twin_run(run)
-    trace = keep / twin.name if keep and twin.name else tmp / "twin"
-    if not (keep and _complete(trace) and _made_by(trace, twin)):
+def _traced(run: Run, trace: Path, keep: Path | None) -> Path:
+    """``trace``, simulated for ``run`` unless ``--keep`` already holds it, made by that run."""
+    if not (keep and _complete(trace) and _made_by(trace, run)):
         if trace.exists():
             shutil.rmtree(trace)
-        simulate(twin, trace)
+        simulate(run, trace)
         if keep:
-            _sidecar(trace).write_bytes(orjson.dumps(sim_command(twin)))
+            _sidecar(trace).write_bytes(orjson.dumps(sim_command(run)))
+    return trace
+
+
+def _twin_slowdown(run: Run, truth: dict[str, Any], tmp: Path, keep: Path | None) -> float | None:
+    twin = twin_run(run)
+    trace = _traced(twin, keep / twin.name if keep and twin.name else tmp / "twin", keep)
     return job_slowdown(truth, read_truth(trace))
 
 
@@ -160,13 +165,7 @@ def run_one(run: Run, params: LocalizeParams, keep: Path | None = None,
     tmp = Path(tempfile.mkdtemp(prefix="pulse-eval-"))
     try:
         name = run.name or f"{run.scenario}-{run.workload}-s{run.seed}"
-        trace = (keep / name) if keep else tmp / "trace"
-        if not (keep and _complete(trace) and _made_by(trace, run)):
-            if trace.exists():
-                shutil.rmtree(trace)
-            simulate(run, trace)
-            if keep:
-                _sidecar(trace).write_bytes(orjson.dumps(sim_command(run)))
+        trace = _traced(run, (keep / name) if keep else tmp / "trace", keep)
         res = diagnose(trace, params, baseline=True, network_only=network_only)
         truth = read_truth(trace)
         out = []
