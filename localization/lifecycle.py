@@ -89,6 +89,9 @@ def _metric_sentence(v: Verdict) -> str:
                 else f"it issued its collectives {_ms(val)} after its peers")
     if metric == "end_after_other_nics_ns":
         return f"its operators on that NIC ended {_ms(val)} after the same operators on its other NICs"
+    if metric == "silent_after_other_nics_ns":
+        return (f"all-to-alls on that NIC, its own and its peers' exchanges with it, stalled {_ms(val)} "
+                "beyond the same all-to-alls on the nodes' other NICs")
     if metric == "started":
         return "it never started an operator its peers were waiting in"
     return f"{metric} {val:.4g} vs {ref:.4g} for its peers"
