@@ -258,6 +258,11 @@ class Lateness:
         self.all_waits.append(w)
 
 
+GROUPED_RAIL_METRIC = "silent_after_other_nics_ns"
+"""The metric of an all-to-all's rail-late finding: its silence beyond its siblings'
+(``rules/rail.py``), told apart from a ring's or a send's ``end_after_other_nics_ns``."""
+
+
 class RailEvidence:
     """The same operator on a node's NICs: per (node, kind, seq, bytes, nranks, member
     nodes), each NIC's (end_ns, t_host_ns, comm); and the rail-late records found, each
@@ -294,7 +299,8 @@ class RailEvidence:
     def grouped_key(self, m: OpMetrics) -> tuple[Any, ...]:
         """An all-to-all's siblings: its bytes differ from rail to rail (expert routing), so
         they are matched without them."""
-        return self.key(m)[:3] + self.key(m)[4:]
+        node, kind, seq, _nbytes, nranks, nodes = self.key(m)
+        return (node, kind, seq, nranks, nodes)
 
     def note_record(self, m: OpMetrics) -> None:
         if not m.complete or m.t_host_ns is None:

@@ -47,7 +47,6 @@ STALL = "stall"      # stopped making progress: network-stop
 ABSENT = "absent"    # never started an operator its peers are stuck in: compute-stop
 MISSING = "missing"  # no record while its peers completed: insufficient-data
 RAIL = "rail"        # ended far later than the same operator on the node's other NICs
-GROUPED_RAIL_METRIC = "silent_after_other_nics_ns"  # an all-to-all's rail lateness: silence only
 
 ISSUE_LAG = "issue_lag_ns"
 """Metric of a LATE finding on the rank's issue lag (its issue minus its peers' median,

@@ -26,8 +26,8 @@ import numpy as np
 from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import Evidence, node_of
-from ..observations import GROUPED_RAIL_METRIC, Finding, lateness
+from ..evidence import GROUPED_RAIL_METRIC, Evidence, node_of
+from ..observations import Finding, lateness
 from ..params import LocalizeParams
 from ..robust import median
 
@@ -192,6 +192,8 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     # receiving end of a recent rail-late record (a send that ended milliseconds after the
     # same operator on the sender's other NICs) got its data that late, and is late because
     # of it (nic-flap, sweep 7 #5: the partner's collectives 32 ms late, the flap 35 ms).
+    # Not an all-to-all's: its late peers may be late issuers themselves (their receives
+    # held its sends), which this would excuse.
     waits_on_rail = {node_of(e) for f, _m in ev.rail.records if f.metric != GROUPED_RAIL_METRIC for e in f.peer_eps}
     waits_on_link = beside_slowed_links(ev)
     min_fill = int(p.late_min_fill * p.late_window)

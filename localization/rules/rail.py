@@ -26,8 +26,8 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import AlivePoints, Evidence, node_of
-from ..observations import GROUPED_RAIL_METRIC, RAIL, Finding
+from ..evidence import GROUPED_RAIL_METRIC, AlivePoints, Evidence, node_of
+from ..observations import RAIL, Finding
 from ..params import LocalizeParams
 from ..robust import median
 
