@@ -87,11 +87,19 @@ class Finding:
     epoch_ns: int = 0
     """The record's epoch (0: unknown): an ACT within one of its wire span left its NIC
     busy throughout."""
+    consistent: bool = False
+    """Slow as its collective's consistent straggler (:mod:`.stragglers`): tested across
+    operators already, not by this operator's timing alone."""
 
     def busy(self) -> bool:
         """An ACT finding whose record was active through its span (within an epoch): what
         a capped NIC or link does, unlike a starved host's sends, idle between late posts."""
         return self.metric == "act_ns" and self.value >= (self.end_ns - self.start_ns) - self.epoch_ns
+
+    def timing_only(self) -> bool:
+        """Slow by this operator's timing alone (an ACT or a rate against a reference), which
+        a rank's late inputs move too; not bytes resent, nor a consistent straggler."""
+        return self.metric != "volume_ratio" and not self.consistent
 
     def evidence(self) -> dict[str, Any]:
         return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,
@@ -332,6 +340,8 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
         elif blamed:
             f = _finding(view, i, ACT, "act_ns", act[i], ref)
+            if act[i] >= near:
+                f.consistent = True
         if not slow_op or blamed:
             for d in view.peer_eps[i]:
                 out.links.append(_link(view, i, d, blamed, f))

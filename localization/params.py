@@ -19,6 +19,19 @@ class LocalizeParams:
     persist_frac: float = 0.5
     """...and at least this fraction of the node's judged operators in the window must be
     outliers, so a node that is an outlier only now and then stays quiet."""
+    timing_persist_frac: float = 0.75
+    """...and this fraction when the link's slow operators are slow by timing alone (an
+    ACT or a rate beyond the job's reference) rather than by bytes resent or by a rank that
+    was the consistent straggler of its collective (evidence with a test of its own). A
+    rank's ACT also rises when its inputs trickle in: a ring rank downstream of a late
+    starter, a tree relay whose subtree issued late, sends its chunks as they arrive,
+    spread over more epochs. The buckets of one step share the ranks' issue order, so such
+    a rank stays slow for the whole step, and a window of twelve operators at four buckets
+    a step holds only three draws: healthy sweep jobs had links slow in 0.58 of their
+    window (109 #7, a 22-rank ring at 128 us epochs) and 0.67 (111 #19, a 23-rank tree at
+    32 us), both named as culprits. A fault that throttles a link slows every operator
+    crossing it (every culprit link of the battery and of those sweeps was slow in its
+    whole window at its verdict): three quarters asks for more than two steps in three."""
     clear_ops: int = 8
     """Consecutive clean operators of an alarmed node before a ``cleared`` verdict."""
     repeat_every: int = 8
@@ -335,6 +348,8 @@ class LocalizeParams:
                               "rail_alive_min >= 1")
         if not 0 < self.persist_frac <= 1:
             raise ConfigError("LocalizeParams.persist_frac must be in (0, 1]")
+        if not self.persist_frac <= self.timing_persist_frac <= 1:
+            raise ConfigError("LocalizeParams.timing_persist_frac must be in [persist_frac, 1]")
         if not 0 <= self.late_step_frac < 1:
             raise ConfigError("LocalizeParams.late_step_frac must be in [0, 1)")
         if self.late_spread_k <= 0 or self.late_floor_epochs < 0:

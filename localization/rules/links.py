@@ -26,14 +26,15 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..observations import Finding
 from ..params import LocalizeParams
 from ..robust import median
-from .capacity import Rates, capable
+from .capacity import Rates, beaten_on_every_nic, capable
 from .host import host_hypothesis, host_shaped
 
 
 def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link]]:
     """Persistently slow links (at least ``persist_ops`` slow observations, and
-    ``persist_frac`` of the window), and links seen clean since the slowness began (older
-    clean observations say nothing about the fault)."""
+    ``persist_frac`` of the window, ``timing_persist_frac`` when timing alone says slow),
+    and links seen clean since the slowness began (older clean observations say nothing
+    about the fault)."""
     slow, clean, _, _ = _link_state(ev, p)
     return slow, clean
 
@@ -50,7 +51,9 @@ def _link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Findin
         # a record that shared its NIC with another kind of operator is not compared
         hits = [o.finding for o in obs if o.slow and o.finding is not None and not ev.alive.shared(o.finding)]
         if len(hits) >= p.persist_ops and len(hits) >= p.persist_frac * len(obs):
-            slow[key] = hits
+            tested = sum(1 for f in hits if not f.timing_only())
+            if tested >= p.persist_frac * len(obs) or len(hits) >= p.timing_persist_frac * len(obs):
+                slow[key] = hits
     if not slow:
         return slow, set(), 0, np.zeros(0, np.int64)
     # Clean observations only count from when the slowness was there: the median
@@ -195,11 +198,25 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
                 return {}  # one NIC pair only: a NIC or a path, wait for more evidence
             if len(senders) == 1:
                 x = next(iter(senders))
-                if not any(node_of(a) != x and node_of(b) == x for a, b in clean if node_of(a) in covers):
+                if not (any(node_of(a) != x and node_of(b) == x for a, b in clean if node_of(a) in covers)
+                        or (2 * sum(f.busy() for f in timed) > len(timed) > 0
+                            and 2 * sum(f.consistent for f in hits) > len(hits)
+                            and beaten_on_every_nic(slow, clean, rates, covers, sends=True)
+                            and beaten_on_every_nic(slow, clean, rates, covers, sends=False))):
                     # only x -> y is slow and y -> x is not seen clean yet: x's starved host
                     # (its proxy posts these sends late; its ring sends keep the ring's pace)
                     # fits as well as a one-way path, and the host rule needs the reverse
-                    # direction to tell them: wait for it
+                    # direction to tell them: wait for it. In a ring that direction never
+                    # comes (battery path-slow: node-03 -> node-00 on every rail, no link
+                    # node-00 -> node-03): there x must be its ring's consistent straggler (a
+                    # starved host's ring sends keep the ring's pace; its pipeline sends
+                    # are what it delays), its slow sends must have kept its NIC busy (a
+                    # cap's or a path's, not idle between late posts), and every NIC at
+                    # either end must be seen moving faster with third nodes at a known
+                    # rate. Battery congestion seed 1: one of node-00's eight NICs passed a
+                    # message in a lull; cpu-contention seed 1: the starved node's busy
+                    # pipeline sends on two NICs - both were named a path with a healthy
+                    # node without these.
                     return {}
             return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
         if len(nic_pairs) < 2:

@@ -34,10 +34,14 @@ def evidence(**kw) -> tuple[Evidence, LocalizeParams]:
     return Evidence(p), p
 
 
-def observe(ev: Evidence, src: str, dst: str, slow: list[bool], *, t0: int = 0) -> None:
-    """Observations of one link, one per operator (1 ms apart), slow where asked."""
+def observe(ev: Evidence, src: str, dst: str, slow: list[bool], *, t0: int = 0, metric: str = "act_ns",
+            consistent: bool = False) -> None:
+    """Observations of one link, one per operator (1 ms apart), slow where asked (by
+    ``metric``; ``consistent``: as its collective's consistent straggler)."""
     node = src.split("/", 1)[0]
     for i, s in enumerate(slow):
-        f = finding(ACT, node, seq=i, endpoint=src, value=2.0, start=t0 + i * MS, end=t0 + i * MS + 1, to=(dst,)) \
-            if s else None
+        f = finding(ACT, node, seq=i, endpoint=src, value=2.0, metric=metric, start=t0 + i * MS, end=t0 + i * MS + 1,
+                    to=(dst,)) if s else None
+        if f is not None:
+            f.consistent = consistent
         ev.links.add(LinkObs(src, dst, s, f, t0 + i * MS + 1))

@@ -323,8 +323,10 @@ def _aligned(stall: dict[str, set[int]] | None = None, delay: int = 6_000_000):
     return f_
 
 
-def _p2p(pairs: dict[str, tuple[int, int]], rails: int, ops: int, stall: dict[str, set[int]], delay: int = 6_000_000):
-    """Point-to-point sends both ways between node pairs, one communicator per rail."""
+def _p2p(pairs: dict[str, tuple[int, int]], rails: int, ops: int, stall: dict[str, set[int]], delay: int = 6_000_000,
+         slow: dict[tuple[str, int], float] | None = None):
+    """Point-to-point sends both ways between node pairs, one communicator per rail;
+    ``slow``: (communicator, sending node) -> how much longer its sends take from ONSET."""
     evs, ms, flow = [], [], 10_000
     for name, (a, b) in pairs.items():
         for k in range(rails):
@@ -336,8 +338,10 @@ def _p2p(pairs: dict[str, tuple[int, int]], rails: int, ops: int, stall: dict[st
                     t_host = seq * synth.PERIOD + 2_000_000 + rank * 7_000_000
                     start = t_host + 50_000
                     dur = 400_000 + (delay if seq in stall.get(comm, ()) and rank == 0 else 0)
-                    ms.append(synth.record(comm, seq, rank, nd, kind="Send", nranks=2, start=start, end=start + dur,
-                                           t_host=t_host, nic=f"mlx5_{k}"))
+                    x = slow.get((comm, nd), 1.0) if slow and seq >= ONSET else 1.0
+                    ms.append(synth.record(comm, seq, rank, nd, kind="Send", nranks=2, start=start,
+                                           end=start + int(dur * x), t_host=t_host, nic=f"mlx5_{k}",
+                                           act=int(320_000 * x)))
     return evs, ms
 
 
@@ -475,8 +479,9 @@ def test_a_few_ms_late_does_not_explain_away_real_network_slowness():
 
 
 def test_pipeline_peer_of_a_blamed_node_is_a_victim_not_a_straggler():
-    # node-02's NIC is slow; node-03, its point-to-point (pipeline) peer, waits for it and
-    # arrives late into its collectives: one fault, not a second compute straggler
+    # node-02's NIC is slow (its sends to node-03 too, which cross the same link as its ring
+    # sends); node-03, its point-to-point (pipeline) peer, waits for it and arrives late
+    # into its collectives: one fault, not a second compute straggler
     def f_(comm, seq, r, f):
         f = _nic_slow(comm, seq, r, f)
         if seq >= ONSET and r == 3:
@@ -484,7 +489,7 @@ def test_pipeline_peer_of_a_blamed_node_is_a_victim_not_a_straggler():
         elif seq >= ONSET:
             f["duration_ns"] += 8_000_000
         return f
-    pevs, pms = _p2p({"pa": (2, 3)}, 4, 40, {})
+    pevs, pms = _p2p({"pa": (2, 3)}, 4, 40, {}, slow={("pa0", 2): 1.6})
     vs = localize(synth.metrics(4, 4, tweak=f_) + pms, synth.events(4, 4) + pevs, LocalizeParams())
     assert ("network-slow", "node", ("node-02",)) in culprits(vs)
     assert not any(v.kind == "compute-slow" for v in anomalies(vs))
