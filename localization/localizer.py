@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from pulse.events import COLLECTIVES, HookEvent, OpEvent
+from pulse.events import COLLECTIVES, GROUPED, HookEvent, OpEvent
 from pulse.records import OpMetrics, Verdict
 
 from .decisions import DecisionBook, Hypothesis, Key
@@ -273,6 +273,8 @@ class Localizer:
                 ev.stops.stalls.append(f)
             elif f.kind == ABSENT:
                 ev.stops.absent.append(f)
+        if view.kind == GROUPED:
+            ev.stops.note_grouped(ordered, {f.node for f in j.findings if f.kind == STALL})
         for i in j.judged:
             ev.missing[ordered[i].node] = 0
             # its records are back: judge it again (a node missing from the first operators,

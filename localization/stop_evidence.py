@@ -30,6 +30,15 @@ class StopEvidence:
         self.ungranted: set[tuple[str, int, int]] = set()
         """(comm, seq, rank) of incomplete sends on such flows that no grant reached: the
         sender was not yet allowed to send, so its empty record says nothing of its NIC."""
+        self.awaiting: set[str] = set()
+        """Nodes whose sends of a grouped operator (all-to-all) completed while another
+        member's stalled: the operator is done for a rank only once every peer's bytes have
+        arrived, so they wait in it, whatever their own record says."""
+
+    def note_grouped(self, ordered: list[OpMetrics], stalled: set[str]) -> None:
+        """A closed grouped operator's records and the nodes whose records in it stalled."""
+        if stalled:
+            self.awaiting.update(r.node for r in ordered if r.complete and r.node not in stalled)
 
     def note_recv(self, e: OpEvent) -> None:
         key = (e.comm_id, e.node)

@@ -160,7 +160,10 @@ def silent_since_issue(ev: Evidence, stalls: list[Finding]) -> tuple[str, list[F
 def compute_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     """The node that stopped issuing operators, if the first absences name one."""
     st = ev.stops
-    stuck_nodes = {f.node for f in st.stalls}
+    # a rank whose own all-to-all sends went out still waits in it for a stalled peer's
+    # bytes (sweep 113 #19: a dead NIC's all-to-all peers, absent from the next one, were
+    # named compute-stop)
+    stuck_nodes = {f.node for f in st.stalls} | st.awaiting
     waiting, p2p_absent = waits_on_recv(ev, p)
     # A node missing from an operator is the stopped one only if it is not itself
     # stuck in communication (an incomplete send, a receive that never arrives).

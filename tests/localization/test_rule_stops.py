@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pulse.localization.observations import ABSENT, STALL
 from pulse.localization.rules.stops import stop_hypotheses, unposted_receivers, waits_on_recv
 
@@ -65,6 +67,25 @@ def test_an_absent_node_that_is_itself_stuck_is_not_compute_stop():
     ev.stops.stalls.append(stall(D, B, sent=0.9))
     ev.stops.absent.append(absent(D))
     assert stop_hypotheses(ev, p) == {}
+
+
+def test_a_rank_whose_all_to_all_sends_went_out_still_waits_for_a_stalled_peers_bytes():
+    # sweep 113 #19: A's NIC died at the end of an all-to-all; D's own sends in it completed,
+    # but D never got A's bytes, so D never started the next all-to-all its peers are
+    # stuck in - waiting, not hung
+    def grouped(node: str, complete: bool):
+        r = synth.record("ep", 70, int(node[-2:]), int(node[-2:]), kind="GroupP2P", nranks=4, start=0, end=MS,
+                         t_host=0, nic="mlx5_0")
+        return r if complete else dataclasses.replace(r, complete=False)
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(B, A, sent=0.84))
+    ev.stops.absent.append(absent(D, seq=71))
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (D,))]
+    ev.stops.note_grouped([grouped(A, False), grouped(C, True), grouped(D, True)], {A})
+    assert ev.stops.awaiting == {C, D}
+    assert ("compute-stop", (D,)) not in stop_hypotheses(ev, p)
+    ev.stops.note_grouped([grouped(B, True)], set())  # nothing stalled: nobody waits
+    assert ev.stops.awaiting == {C, D}
 
 
 def test_absences_after_the_traffic_stopped_are_victims():
