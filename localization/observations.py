@@ -97,9 +97,10 @@ class Finding:
         return self.metric == "act_ns" and self.value >= (self.end_ns - self.start_ns) - self.epoch_ns
 
     def timing_only(self) -> bool:
-        """Slow by this operator's timing alone (an ACT or a rate against a reference), which
-        a rank's late inputs move too; not bytes resent, nor a consistent straggler."""
-        return self.metric != "volume_ratio" and not self.consistent
+        """Slow by this operator's ACT alone against the reference, which a collective rank's
+        late inputs stretch too; not bytes resent, nor a consistent straggler, nor a grouped
+        operator's rate (each peer's bytes go out when posted, not as a neighbour hands them on)."""
+        return self.metric == "act_ns" and not self.consistent
 
     def evidence(self) -> dict[str, Any]:
         return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,

@@ -20,9 +20,9 @@ class LocalizeParams:
     """...and at least this fraction of the node's judged operators in the window must be
     outliers, so a node that is an outlier only now and then stays quiet."""
     timing_persist_frac: float = 0.75
-    """...and this fraction when the link's slow operators are slow by timing alone (an
-    ACT or a rate beyond the job's reference) rather than by bytes resent or by a rank that
-    was the consistent straggler of its collective (evidence with a test of its own). A
+    """...and this fraction when the link's slow operators are slow by their ACT alone
+    (beyond the job's reference) rather than by bytes resent, a grouped operator's rate, or
+    as the consistent straggler of its collective (evidence with a test of its own). A
     rank's ACT also rises when its inputs trickle in: a ring rank downstream of a late
     starter, a tree relay whose subtree issued late, sends its chunks as they arrive,
     spread over more epochs. The buckets of one step share the ranks' issue order, so such

@@ -30,6 +30,9 @@ class StopEvidence:
         self.ungranted: set[tuple[str, int, int]] = set()
         """(comm, seq, rank) of incomplete sends on such flows that no grant reached: the
         sender was not yet allowed to send, so its empty record says nothing of its NIC."""
+        self.last_issue: dict[str, int] = {}
+        """node -> the latest host issue time among its records and forwarded receives (its
+        clock)."""
         self.awaiting: set[str] = set()
         """Nodes whose sends of a grouped operator (all-to-all) completed while another
         member's stalled: the operator is done for a rank only once every peer's bytes have
@@ -40,13 +43,19 @@ class StopEvidence:
         if stalled:
             self.awaiting.update(r.node for r in ordered if r.complete and r.node not in stalled)
 
+    def note_issue(self, node: str, t_host_ns: int | None) -> None:
+        if t_host_ns is not None and t_host_ns > self.last_issue.get(node, -(1 << 62)):
+            self.last_issue[node] = t_host_ns
+
     def note_recv(self, e: OpEvent) -> None:
+        self.note_issue(e.node, e.t_host_ns)
         key = (e.comm_id, e.node)
         self.p2p_issued[key] = max(self.p2p_issued.get(key, -1), e.seq)
         if e.t_host_ns is not None and e.rank is not None:
             self.last_recv[key] = (e.seq, e.rank, e.t_host_ns)
 
     def note_record(self, m: OpMetrics) -> None:
+        self.note_issue(m.node, m.t_host_ns)
         if m.kind in P2P:
             self.p2p_seen[m.comm_id] = max(self.p2p_seen.get(m.comm_id, -1), m.seq)
             if m.complete:

@@ -32,7 +32,7 @@ from .host import host_hypothesis, host_shaped
 
 def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link]]:
     """Persistently slow links (at least ``persist_ops`` slow observations, and
-    ``persist_frac`` of the window, ``timing_persist_frac`` when timing alone says slow),
+    ``persist_frac`` of the window, ``timing_persist_frac`` when their ACT alone says slow),
     and links seen clean since the slowness began (older clean observations say nothing
     about the fault)."""
     slow, clean, _, _ = _link_state(ev, p)

@@ -167,8 +167,15 @@ def compute_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     waiting, p2p_absent = waits_on_recv(ev, p)
     # A node missing from an operator is the stopped one only if it is not itself
     # stuck in communication (an incomplete send, a receive that never arrives).
+    # ... nor one that went on issuing operators after its peers began waiting for it (the
+    # skew bound past their clock): a hung GPU issues nothing from its hang on, while a
+    # pipeline stage finishing its step still does when the next stage has already posted
+    # the receive of the step after (sweep 111 #0: node-14 issued its data-parallel
+    # buckets 18 ms after its successor's early receive, then waited for its own stage
+    # before it, stopped by a dead NIC; it was named compute-stop)
     absent = [f for f in st.absent + p2p_absent + unposted_receivers(ev, p)
-              if f.node not in stuck_nodes | waiting and f.node not in ev.insufficient]
+              if f.node not in stuck_nodes | waiting and f.node not in ev.insufficient
+              and st.last_issue.get(f.node, -(1 << 62)) <= f.start_ns + p.clock_skew_ns]
     if absent:
         # As with stalls, only the first absences say who stopped: the others are
         # ranks that stopped issuing because they wait for it (a pipeline partner

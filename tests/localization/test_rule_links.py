@@ -63,6 +63,7 @@ def test_slowness_by_timing_alone_must_hold_three_quarters_of_the_window():
     assert slow_links() == [(ep("c"), ep("d"))]
     everything = [(ep("a"), ep("b")), (ep("c"), ep("d")), (ep("e"), ep("f"))]
     assert slow_links(metric="volume_ratio") == everything
+    assert slow_links(metric="peer_rate") == everything  # an all-to-all's rate: not a ring's timing
     assert slow_links(consistent=True) == everything
     ev, p = evidence(clock_skew_ns=0, timing_persist_frac=0.5)  # the fraction is a parameter
     observe(ev, ep("e"), ep("f"), [False] * 6 + [True] * 6)

@@ -88,6 +88,21 @@ def test_a_rank_whose_all_to_all_sends_went_out_still_waits_for_a_stalled_peers_
     assert ev.stops.awaiting == {C, D}
 
 
+def test_a_node_still_issuing_after_its_peer_began_waiting_is_not_compute_stop():
+    # sweep 111 #0: the next pipeline stage posted the receive of the step after early;
+    # node D finished its own step (issued its buckets 18 ms later), then waited for the
+    # stage before it, stopped by a dead NIC elsewhere
+    ev, p = evidence(clock_skew_ns=10 * MS)
+    ev.stops.stalls.append(stall(A, B, sent=0.9, end=30 * MS))
+    ev.stops.absent.append(absent(D, start=10 * MS))
+    ev.stops.note_issue(D, 19 * MS)  # within the skew bound of the wait: may have preceded it
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (D,))]
+    ev.stops.note_issue(D, 21 * MS)  # surely after it
+    assert stop_hypotheses(ev, p) == {}
+    ev.stops.note_issue(D, None)  # an issue time unknown changes nothing
+    assert stop_hypotheses(ev, p) == {}
+
+
 def test_absences_after_the_traffic_stopped_are_victims():
     ev, p = evidence()
     ev.stops.stalls.append(stall(A, B, end=0))
