@@ -9,7 +9,7 @@ from typing import Any
 from pulse.events import GROUPED, P2P
 from pulse.records import OpMetrics
 
-from .observations import Finding
+from .finding import Finding
 from .params import LocalizeParams
 
 SEND, RECV = P2P

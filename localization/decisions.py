@@ -19,7 +19,7 @@ from typing import Any
 from pulse.records import Verdict
 
 from .evidence import Evidence, node_of
-from .observations import Finding
+from .finding import Finding
 from .params import LocalizeParams
 
 Key = tuple[str, tuple[str, ...]]

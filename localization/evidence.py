@@ -32,9 +32,9 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .alive import AlivePoints
+from .finding import Finding, LinkObs
 from .late_baselines import LateBaselines
 from .late_stragglers import LateStragglers
-from .observations import Finding, LinkObs
 from .params import LocalizeParams
 from .robust import RollingRef
 from .stop_evidence import StopEvidence

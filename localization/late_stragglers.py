@@ -43,8 +43,8 @@ import numpy as np
 
 from pulse.records import OpMetrics
 
+from .finding import Finding, lateness
 from .late_baselines import LateBaselines
-from .observations import Finding, lateness
 from .params import LocalizeParams
 from .robust import median
 from .stragglers import consistent_count

@@ -38,7 +38,8 @@ from pulse.records import OpMetrics, Verdict
 
 from .decisions import DecisionBook, Hypothesis, Key
 from .evidence import Evidence, node_of
-from .observations import ABSENT, ISSUE_LAG, LATE, MISSING, STALL, Finding, OpView, judge
+from .finding import ABSENT, ISSUE_LAG, LATE, MISSING, STALL, Finding
+from .observations import OpView, judge
 from .params import LocalizeParams
 from .rules import hypotheses
 from .rules.late import late_explained, late_findings

@@ -31,98 +31,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Collection
-from typing import Any
 
 import numpy as np
 
 from pulse.events import GROUPED, P2P
 from pulse.records import OpMetrics
 
+from .finding import ABSENT, ACT, ISSUE_LAG, LATE, MISSING, STALL, Finding, LinkObs, lateness
 from .params import LocalizeParams
 from .robust import leave_one_out_medians, median
-
-ACT = "act"          # slow link (ACT or rate): network-slow / path / host (by direction)
-LATE = "late"        # arrived late with normal traffic: compute-slow
-STALL = "stall"      # stopped making progress: network-stop
-ABSENT = "absent"    # never started an operator its peers are stuck in: compute-stop
-MISSING = "missing"  # no record while its peers completed: insufficient-data
-RAIL = "rail"        # ended far later than the same operator on the node's other NICs
-
-ISSUE_LAG = "issue_lag_ns"
-"""Metric of a LATE finding on the rank's issue lag (its issue minus its peers' median,
-clocks as read): value the lag, reference its own baseline (judged against its history)
-or 0 (against its peers, with the skew bound); late by value - reference. The other LATE
-findings are issue -> end spans against the peers' median (late by reference - value)."""
-
-
-def lateness(f: Finding) -> float:
-    """How late a LATE finding says its rank arrived (ns)."""
-    return f.value - f.peers if f.metric == ISSUE_LAG else f.peers - f.value
-
-
-def _round(x: float) -> float:
-    return float(f"{x:.6g}") if np.isfinite(x) else -1.0
-
-
-@dataclasses.dataclass
-class Finding:
-    kind: str
-    comm_id: str
-    seq: int
-    rank: int
-    node: str
-    endpoint: str
-    """node/nic of the rank (node/comm:rank when no NIC is known; the node for absences)."""
-    value: float
-    peers: float
-    """The reference it was compared with (peers' median or the job-wide reference)."""
-    metric: str
-    start_ns: int
-    end_ns: int
-    peer_eps: tuple[str, ...] = ()
-    """Endpoints this rank sends to (the links its traffic crosses)."""
-    flows: int = 1
-    """Flows the record moved: several to several peers is a relay (one slow link among
-    them makes it slow); one flow is one link whatever peers the rank has flows to."""
-    epoch_ns: int = 0
-    """The record's epoch (0: unknown): an ACT within one of its wire span left its NIC
-    busy throughout."""
-    consistent: bool = False
-    """Slow as its collective's consistent straggler (:mod:`.stragglers`): tested across
-    operators already, not by this operator's timing alone."""
-
-    def busy(self) -> bool:
-        """An ACT finding whose record was active through its span (within an epoch): what
-        a capped NIC or link does, unlike a starved host's sends, idle between late posts."""
-        return self.metric == "act_ns" and self.value >= (self.end_ns - self.start_ns) - self.epoch_ns
-
-    def timing_only(self) -> bool:
-        """Slow by this operator's ACT alone against the reference, which a collective rank's
-        late inputs stretch too; not bytes resent, nor a consistent straggler, nor a grouped
-        operator's rate (each peer's bytes go out when posted, not as a neighbour hands them on)."""
-        return self.metric == "act_ns" and not self.consistent
-
-    def evidence(self) -> dict[str, Any]:
-        return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,
-                "metric": self.metric, "value": _round(self.value), "reference": _round(self.peers)}
-
-
-@dataclasses.dataclass
-class LinkObs:
-    src: str
-    dst: str
-    slow: bool
-    finding: Finding | None = None
-    end_ns: int = 0
-    rate_lo: float = 0.0
-    rate_hi: float = 0.0
-    """Bounds (bytes/ns) of the rate the record's NIC sent at while active, an epoch of
-    quantisation either way on its ACT (0: unknown). A clean observation shows the NIC can
-    move at least ``rate_lo``; a slow one that it got at most ``rate_hi``
-    (:func:`.rules.links.shown_rates`)."""
-    shared: bool = False
-    """The record sent to several peers at once (all-to-all, a tree relay): its rate is its
-    NIC's, not this link's, and says nothing of what the receiver took in."""
 
 
 @dataclasses.dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pulse.events import P2P, OpEvent
 from pulse.records import OpMetrics
 
-from .observations import Finding
+from .finding import Finding
 
 
 class StopEvidence:

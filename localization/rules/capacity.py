@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from ..evidence import Link, node_of
-from ..observations import Finding
+from ..finding import Finding
 
 Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
 """Per slow link, the highest rate its slow observations got; per clean link, the rate its
@@ -37,7 +37,6 @@ def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | No
         if bar <= 0 or lo == 0 or lo > bar:
             return True
     return False
-
 
 
 def beaten_on_every_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Link, node_of
-from ..observations import Finding
+from ..finding import Finding
 from ..params import LocalizeParams
 from .capacity import Rates, capable
 

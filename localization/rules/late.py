@@ -27,7 +27,7 @@ from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import GROUPED_RAIL_METRIC, Evidence, node_of
-from ..observations import Finding, lateness
+from ..finding import Finding, lateness
 from ..params import LocalizeParams
 from ..robust import median
 

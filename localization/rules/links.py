@@ -23,7 +23,7 @@ import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, Link, node_of, node_pairs
-from ..observations import Finding
+from ..finding import Finding
 from ..params import LocalizeParams
 from ..robust import median
 from .capacity import Rates, beaten_on_every_nic, capable
@@ -199,24 +199,12 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             if len(senders) == 1:
                 x = next(iter(senders))
                 if not (any(node_of(a) != x and node_of(b) == x for a, b in clean if node_of(a) in covers)
-                        or (2 * sum(f.busy() for f in timed) > len(timed) > 0
-                            and 2 * sum(f.consistent for f in hits) > len(hits)
-                            and beaten_on_every_nic(slow, clean, rates, covers, sends=True)
-                            and beaten_on_every_nic(slow, clean, rates, covers, sends=False))):
+                        or _no_host_nor_nic(slow, clean, rates, covers, hits)):
                     # only x -> y is slow and y -> x is not seen clean yet: x's starved host
                     # (its proxy posts these sends late; its ring sends keep the ring's pace)
                     # fits as well as a one-way path, and the host rule needs the reverse
-                    # direction to tell them: wait for it. In a ring that direction never
-                    # comes (battery path-slow: node-03 -> node-00 on every rail, no link
-                    # node-00 -> node-03): there x must be its ring's consistent straggler (a
-                    # starved host's ring sends keep the ring's pace; its pipeline sends
-                    # are what it delays), its slow sends must have kept its NIC busy (a
-                    # cap's or a path's, not idle between late posts), and every NIC at
-                    # either end must be seen moving faster with third nodes at a known
-                    # rate. Battery congestion seed 1: one of node-00's eight NICs passed a
-                    # message in a lull; cpu-contention seed 1: the starved node's busy
-                    # pipeline sends on two NICs - both were named a path with a healthy
-                    # node without these.
+                    # direction to tell them: wait for it, unless the slow links themselves
+                    # rule the host out (a ring, where that direction never comes)
                     return {}
             return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
         if len(nic_pairs) < 2:
@@ -267,6 +255,24 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         # was named a group of four)
         return {}
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
+
+
+def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
+                     covers: list[str], hits: list[Finding]) -> bool:
+    """One-way slow links x -> y that neither x's host nor either end's NIC explains, without
+    the reverse direction (battery path-slow: node-03 -> node-00 on every rail of a ring,
+    which has no link node-00 -> node-03): x is its ring's consistent straggler (a starved
+    host's ring sends keep the ring's pace; its pipeline sends are what it delays), its slow
+    sends kept its NIC busy (a cap's or a path's, not idle between late posts), and every
+    NIC at either end is seen moving faster with third nodes at a known rate. Battery
+    congestion seed 1: one of node-00's eight NICs passed a message in a lull;
+    cpu-contention seed 1: the starved node's busy pipeline sends on two NICs - both were
+    named a path with a healthy node without these."""
+    timed = [f for f in hits if f.metric == "act_ns"]
+    return (2 * sum(f.busy() for f in timed) > len(timed) > 0
+            and 2 * sum(f.consistent for f in hits) > len(hits)
+            and beaten_on_every_nic(slow, clean, rates, covers, sends=True)
+            and beaten_on_every_nic(slow, clean, rates, covers, sends=False))
 
 
 def record_suspects(hits: list[Finding]) -> set[str]:

@@ -27,7 +27,7 @@ from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import GROUPED_RAIL_METRIC, AlivePoints, Evidence, node_of
-from ..observations import RAIL, Finding
+from ..finding import RAIL, Finding
 from ..params import LocalizeParams
 from ..robust import median
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, node_of
-from ..observations import ABSENT, Finding
+from ..finding import ABSENT, Finding
 from ..params import LocalizeParams
 
 

@@ -5,7 +5,7 @@ state) and calls the rule function itself."""
 from __future__ import annotations
 
 from pulse.localization.evidence import Evidence
-from pulse.localization.observations import ACT, Finding, LinkObs
+from pulse.localization.finding import ACT, Finding, LinkObs
 from pulse.localization.params import LocalizeParams
 
 MS = 1_000_000

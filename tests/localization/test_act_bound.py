@@ -147,7 +147,8 @@ def test_resent_bytes_in_an_operator_its_peers_waited_for_are_not_the_network():
     cannot hold, so every sender into it resent 2-3 %, and the rank's ring neighbour was
     named network-slow. In an operator where a rank came ``late_override_ns`` late, the
     surplus is its peers waiting on it too: not a slow link; its lateness is judged."""
-    from pulse.localization.observations import LATE, judge
+    from pulse.localization.finding import LATE
+    from pulse.localization.observations import judge
 
     ms = 1_000_000
     n = 4

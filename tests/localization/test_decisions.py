@@ -4,7 +4,7 @@ hand-built findings."""
 from __future__ import annotations
 
 from pulse.localization.decisions import make_hypothesis
-from pulse.localization.observations import ACT
+from pulse.localization.finding import ACT
 from pulse.localization.params import LocalizeParams
 
 from .findings import ep, finding
@@ -55,7 +55,7 @@ def test_a_rail_incident_is_not_cleared_while_its_nics_stalls_are_recent():
     # a flap stalls the NIC once a period and the operators in between are clean: the
     # incident holds until its rail-late records age out (rail_keep_ns)
     from pulse.localization.decisions import DecisionBook
-    from pulse.localization.observations import RAIL
+    from pulse.localization.finding import RAIL
 
     from .findings import evidence
 

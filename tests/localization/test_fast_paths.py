@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pulse.localization.evidence import LinkWindows
-from pulse.localization.observations import LinkObs
+from pulse.localization.finding import LinkObs
 from pulse.localization.params import LocalizeParams
 from pulse.localization.rules.links import exonerated, unique_cover
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 from pulse.localization import LocalizeParams, localize
 from pulse.localization.evidence import LateBaselines
-from pulse.localization.observations import ISSUE_LAG, LATE
+from pulse.localization.finding import ISSUE_LAG, LATE
 
 from . import synth
 
@@ -117,7 +117,7 @@ def test_the_threshold_is_k_sigmas_of_the_jobs_spread_and_at_least_the_floor():
 
 
 def test_a_late_finding_against_the_baseline_reads_as_late_by_its_rise():
-    from pulse.localization.observations import Finding, lateness
+    from pulse.localization.finding import Finding, lateness
     f = Finding(LATE, "c0", 0, 0, "n", "n/mlx5_0", 5 * MS, 4 * MS, ISSUE_LAG, 0, 0)
     assert lateness(f) == MS
     g = Finding(LATE, "c0", 0, 0, "n", "n/mlx5_0", 4 * MS, 5 * MS, "issue_to_end_ns", 0, 0)

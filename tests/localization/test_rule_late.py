@@ -3,7 +3,7 @@ previous-operator ends."""
 
 from __future__ import annotations
 
-from pulse.localization.observations import LATE
+from pulse.localization.finding import LATE
 from pulse.localization.rules.late import late_explained, late_findings, late_hypotheses
 
 from . import synth
@@ -199,7 +199,7 @@ def test_a_node_whose_receives_from_one_rail_stall_waits_for_them():
     # B's sends into A's mlx5_1 ended 32 ms after the same operator on B's other NICs (a
     # flapping NIC on that link): A got that data 32 ms late, and its collectives are late
     # by as much - a victim of the link, not a compute straggler
-    from pulse.localization.observations import RAIL
+    from pulse.localization.finding import RAIL
 
     from .findings import ep
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from pulse.localization.observations import ACT
+from pulse.localization.finding import ACT
 from pulse.localization.params import LocalizeParams
 from pulse.localization.rules.links import (
     exonerated,
@@ -250,7 +250,7 @@ def _capped(a_out: float, a_in: float, a_shared: bool):
     b sends and receives cleanly with c at 43 (one peer: ring sends); a's clean traffic
     with c and d at ``a_out`` (its sends) and ``a_in`` (into it), ``a_shared``: records sent
     to several peers at once (an all-to-all)."""
-    from pulse.localization.observations import LinkObs
+    from pulse.localization.finding import LinkObs
     from pulse.localization.rules.links import link_state, shown_rates
 
     ev, p = evidence(clock_skew_ns=0)
@@ -287,7 +287,7 @@ def test_both_ends_carrying_other_traffic_faster_than_the_slow_links_is_a_path()
 
 
 def test_neither_end_shown_faster_than_the_slow_links_waits():
-    from pulse.localization.observations import LinkObs
+    from pulse.localization.finding import LinkObs
     from pulse.localization.rules.links import link_state, shown_rates
 
     ev, p = evidence(clock_skew_ns=0)
@@ -309,7 +309,7 @@ def test_one_sided_slowness_of_a_node_whose_partner_is_cleared_waits_for_the_hos
     # x -> y slow on two NICs, nothing into x slow; y carries its other traffic faster than
     # the slow links went (cleared), x does not: the other-end rule would name x's NIC, but
     # only x's sends are slow - its host's shape, which waits for the host rule
-    from pulse.localization.observations import LinkObs
+    from pulse.localization.finding import LinkObs
     from pulse.localization.rules.links import link_state, shown_rates
 
     ev, p = evidence(clock_skew_ns=0)
@@ -328,7 +328,7 @@ def test_one_sided_slowness_of_a_node_whose_partner_is_cleared_waits_for_the_hos
 def test_records_that_shared_their_nic_with_another_kind_of_operator_are_not_compared():
     # sweep 23 #6: node A's pipeline sends at 2-2.6x their reference on every NIC, each time
     # A's all-to-all ran on the same NICs (A's clock for both): the NIC shared, not slow
-    from pulse.localization.observations import LinkObs
+    from pulse.localization.finding import LinkObs
 
     from pulse.events import GROUPED
 
@@ -368,7 +368,7 @@ def test_a_collectives_sends_share_their_nic_with_pipeline_sends_not_with_receiv
     # NICs and slowed B's data-parallel ring with its healthy stage-mate A (both ways),
     # named a slow path A-B before C. A send shares the NIC's transmit side; a receive
     # uses the other direction of the link and shares nothing with a send.
-    from pulse.localization.observations import LinkObs
+    from pulse.localization.finding import LinkObs
 
     from . import synth
 

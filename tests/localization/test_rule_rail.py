@@ -3,7 +3,7 @@ hypothesis from hand-built rail-late records."""
 
 from __future__ import annotations
 
-from pulse.localization.observations import RAIL
+from pulse.localization.finding import RAIL
 from pulse.localization.rules.rail import judge_rails, rail_hypotheses
 
 from . import synth

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pulse.localization.observations import ABSENT, STALL
+from pulse.localization.finding import ABSENT, STALL
 from pulse.localization.rules.stops import stop_hypotheses, unposted_receivers, waits_on_recv
 
 from . import synth
