@@ -65,6 +65,7 @@ def test_env_vars_match_the_source() -> None:
     source = Path(settings_mod.__file__).read_text()
     read = {f"PULSE_{name}" for name in re.findall(r'(?:get|integer|path|flag|uids|micros_ns)\("([A-Z_]+)"', source)}
     assert read == set(ENV_VARS)
+    assert len(ENV_VARS) == len(read), "a variable is listed twice"
 
 
 def test_reads_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
