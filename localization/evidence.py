@@ -236,6 +236,10 @@ class Lateness:
         self.windows: dict[tuple[str, str], deque[Finding | None]] = defaultdict(
             lambda: deque(maxlen=p.late_window))
         """(node, comm) -> per judged operator, its late finding or None."""
+        self.rose: dict[tuple[str, str], deque[bool]] = defaultdict(lambda: deque(maxlen=p.late_window))
+        """(node, comm) -> per judged operator (the same as ``windows``), whether the node's
+        issue lag rose above its baseline by ``late_weak_sigmas`` of the job's healthy
+        spread (:func:`.rules.late.weakly_late`)."""
         self.n_late = 0
         """Late findings inside the windows."""
         self.waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=p.waits_per_window * p.window_ops))
@@ -246,11 +250,12 @@ class Lateness:
         """(comm, rank) -> the last operator it arrived late into by its own compute gap
         (a late finding the compute-gap veto did not explain)."""
 
-    def add(self, node: str, comm: str, f: Finding | None) -> None:
+    def add(self, node: str, comm: str, f: Finding | None, rose: bool = False) -> None:
         lw = self.windows[(node, comm)]
         if len(lw) == lw.maxlen and lw[0] is not None:
             self.n_late -= 1
         lw.append(f)
+        self.rose[(node, comm)].append(rose)
         self.n_late += f is not None
 
     def add_wait(self, node: str, w: float) -> None:

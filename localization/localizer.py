@@ -221,6 +221,20 @@ class Localizer:
 
         ev.late_stragglers.observe(comm, ordered, rises, finding, lambda f: late_explained(ev, p, comm, seq, f, ordered))
 
+    def _rose(self, comm: str, ordered: list[OpMetrics], lags: list[tuple[int, float]]) -> set[int]:
+        """Record indexes whose issue lag rose above their rank's baseline by
+        ``late_weak_sigmas`` of the job's healthy spread for the operator's shape (the
+        full threshold over ``late_spread_k``, its floor included)."""
+        base = self.ev.late_base
+        rises = [(i, lag - b) for i, lag in lags if (b := base.base.get((comm, ordered[i].rank))) is not None]
+        if not rises or max(x for _, x in rises) <= 0:
+            return set()
+        th = base.threshold(base.shape(ordered[0]), ordered[0].epoch_ns)
+        if th is None:
+            return set()
+        weak = self.p.late_weak_sigmas * th / self.p.late_spread_k
+        return {i for i, x in rises if x >= weak}
+
     def _stalled(self, ordered: list[OpMetrics]) -> list[bool]:
         """Which records of one operator stalled. A record whose NIC's data ended early (its
         capture stopped publishing, the node's other NICs went on) is only taken as stalled
@@ -260,9 +274,10 @@ class Localizer:
         for r in ordered:
             ev.late.prev[(comm, r.rank)] = r
         if len(ordered) >= p.late_min_ranks and j.judged:
+            rose = self._rose(comm, ordered, j.issue_lags)
             for i in j.judged:
                 r = ordered[i]
-                ev.late.add(r.node, comm, late.get(r.rank))
+                ev.late.add(r.node, comm, late.get(r.rank), i in rose)
         for node, w in j.waits:
             ev.late.add_wait(node, w)
         missed: list[str] = []

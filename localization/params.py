@@ -246,6 +246,19 @@ class LocalizeParams:
     late_comm_frac: float = 0.75
     """Fraction of the node's communicators that must be persistently late: a GPU or
     host straggler delays all of them."""
+    late_weak_sigmas: float = 2.0
+    """...where a communicator also counts as late when the node's issue lag rose above its
+    baseline by this many sigmas of the job's healthy spread in as many operators of its
+    window as a healthy rank would reach with chance ``straggler_alpha``, taking one such
+    rise's chance to be ``late_weak_chance``; and at least one whole communicator's window
+    must be late by the full threshold. A straggler delays each operator by the compute it
+    did since the last synchronisation, so operators issued right after another one show
+    little of it (sweep 127 #18: a GPU at x1.47 under MoE, 1.2-2.6 ms late into every
+    all-to-all, 0.24-0.74 ms - 3 to 7 sigmas - into every data-parallel bucket issued after
+    the step's last all-to-all, where six sigmas caught 5 of 16)."""
+    late_weak_chance: float = 1.0 / 6.0
+    """...the chance assumed for one healthy rise of ``late_weak_sigmas``: a normal spread
+    gives it 1 time in 44; a sixth leaves room for the heavy tails of real jitter."""
     late_straggler_steps: int = 8
     """Steps of a communicator over which a rank that arrives last at most of them is a
     consistent late straggler (:mod:`.late_stragglers`), at ``straggler_alpha``: 3 or 4
@@ -352,6 +365,8 @@ class LocalizeParams:
             raise ConfigError("LocalizeParams.timing_persist_frac must be in [persist_frac, 1]")
         if not 0 <= self.late_step_frac < 1:
             raise ConfigError("LocalizeParams.late_step_frac must be in [0, 1)")
+        if not 0 < self.late_weak_chance < 1 or self.late_weak_sigmas <= 0:
+            raise ConfigError("LocalizeParams.late_weak_chance must be in (0, 1) and late_weak_sigmas > 0")
         if self.late_spread_k <= 0 or self.late_floor_epochs < 0:
             raise ConfigError("LocalizeParams.late_spread_k must be > 0 and late_floor_epochs >= 0")
         if self.act_ratio <= 1.0:

@@ -40,16 +40,22 @@ from .params import LocalizeParams
 
 
 @lru_cache(maxsize=256)
+def tail_count(q: float, window: int, alpha: float) -> int:
+    """The fewest of ``window`` independent trials, each a success with chance ``q``, whose
+    successes reach a count with a binomial tail at most ``alpha`` (``window + 1``: no
+    count is rare enough)."""
+    for k in range(1, window + 1):
+        tail = sum(math.comb(window, j) * q**j * (1 - q) ** (window - j) for j in range(k, window + 1))
+        if tail <= alpha:
+            return k
+    return window + 1
+
+
 def consistent_count(n: int, window: int, alpha: float) -> int:
     """The fewest operators of ``window`` in which one of ``n`` exchangeable ranks must be
     the slowest for the chance that any rank gets there by luck to stay below ``alpha``
     (``window + 1``: no count is enough)."""
-    q = 1.0 / n
-    for k in range(1, window + 1):
-        tail = sum(math.comb(window, j) * q**j * (1 - q) ** (window - j) for j in range(k, window + 1))
-        if n * tail <= alpha:
-            return k
-    return window + 1
+    return tail_count(1.0 / n, window, alpha / n)
 
 
 def symmetric(ordered: list[OpMetrics], peers: list[int], p: LocalizeParams) -> bool:

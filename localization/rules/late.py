@@ -20,6 +20,7 @@ Physical facts relied on:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from ..evidence import GROUPED_RAIL_METRIC, Evidence, node_of
 from ..finding import Finding, lateness
 from ..params import LocalizeParams
 from ..robust import median
+from ..stragglers import tail_count
 
 
 def _waited_for_receiver(p: LocalizeParams, own: OpMetrics, pred: OpMetrics) -> bool:
@@ -171,6 +173,19 @@ def persistence(hits: int, judged: int, min_fill: int, late_frac: float) -> floa
     return min(1.0, hits / (late_frac * judged))
 
 
+def weakly_late(p: LocalizeParams, rose: Iterable[bool] | None, min_fill: int) -> bool:
+    """Whether a node rose by ``late_weak_sigmas`` in so many operators of a communicator's
+    window that a healthy rank would do so with chance ``straggler_alpha`` at most: late
+    there by less than the full threshold, but late every time. Support only: the node
+    must be late by the full threshold in other communicators (:func:`late_hypotheses`)."""
+    if rose is None:
+        return False
+    flags = list(rose)
+    if len(flags) < max(min_fill, 1):
+        return False
+    return sum(flags) >= tail_count(p.late_weak_chance, len(flags), p.straggler_alpha)
+
+
 def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
                     open_nodes: set[str]) -> dict[Key, Hypothesis]:
     """compute-slow for each node persistently late in most of its communicators, unless
@@ -197,14 +212,16 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     waits_on_rail = {node_of(e) for f, _m in ev.rail.records if f.metric != GROUPED_RAIL_METRIC for e in f.peer_eps}
     waits_on_link = beside_slowed_links(ev)
     min_fill = int(p.late_min_fill * p.late_window)
-    per_node: dict[str, list[tuple[float, list[Finding]]]] = defaultdict(list)
-    for (node, _comm), win in lt.windows.items():
+    per_node: dict[str, list[tuple[float, bool, list[Finding]]]] = defaultdict(list)
+    for key, win in lt.windows.items():
         hits = [f for f in win if f is not None]
-        per_node[node].append((persistence(len(hits), len(win), min_fill, p.late_frac), hits))
+        per_node[key[0]].append((persistence(len(hits), len(win), min_fill, p.late_frac),
+                                 weakly_late(p, lt.rose.get(key), min_fill), hits))
     late: dict[str, list[Finding]] = {}
     for node, comms in per_node.items():
-        if sum(f for f, _ in comms) >= max(1, p.late_comm_frac * len(comms)):
-            late[node] = [h for f, hs in comms if f for h in hs]
+        strong = sum(f for f, _w, _ in comms)
+        if strong >= 1 and sum(1.0 if w else f for f, w, _ in comms) >= p.late_comm_frac * len(comms):
+            late[node] = [h for f, _w, hs in comms if f for h in hs]
     if consistent and not (explained or open_nodes):
         # Late at most steps, if by less than six sigmas. The count assumes ranks alike,
         # which a fault already found breaks: the ranks around it wait for it unequally,

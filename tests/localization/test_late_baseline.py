@@ -17,23 +17,26 @@ ONSET = 30
 
 
 def job(*, late_node: int | None = None, late_ns: int = MS, offset_node: int | None = None,
-        offset_ns: int = 4 * MS, jitter_ns: int = 20_000, seed: int = 0, **kw):
+        offset_ns: int = 4 * MS, jitter_ns: int = 20_000, seed: int = 0, late_by: dict[str, int] | None = None,
+        **kw):
     """Five nodes, two rails. ``offset_node``'s clock is ``offset_ns`` ahead (every time it
     takes: issue, wire start and end). From operator ``ONSET`` on, ``late_node`` issues
     ``late_ns`` late and its peers wait for it: every rank's end moves by that much, so its
     issue -> end span stays as it was and the peers' grow (the absolute rule sees a lag of
-    ``late_ns``, below its 5 ms). The localizer is told clocks may be 5 ms apart."""
+    ``late_ns``, below its 5 ms). ``late_by``: the lateness per communicator (``dp0``,
+    ``dp1``) instead. The localizer is told clocks may be 5 ms apart."""
     rng = np.random.default_rng(seed + 1)
 
     def tweak(comm, seq, rank, f):
         f = dict(f)
         f["t_host_ns"] = f["start_ns"] - 100_000 + int(rng.integers(0, jitter_ns + 1))
+        late_ns_ = late_ns if late_by is None else late_by[comm]
         if late_node is not None and seq >= ONSET:
-            f["duration_ns"] += late_ns
+            f["duration_ns"] += late_ns_
             if rank == late_node:
-                f["t_host_ns"] += late_ns
-                f["start_ns"] += late_ns
-                f["duration_ns"] -= late_ns
+                f["t_host_ns"] += late_ns_
+                f["start_ns"] += late_ns_
+                f["duration_ns"] -= late_ns_
         if rank == offset_node:
             f["t_host_ns"] += offset_ns
             f["start_ns"] += offset_ns
@@ -66,6 +69,18 @@ def test_the_rise_that_counts_comes_from_the_jobs_own_spread():
     assert anomalies(job(late_node=3, jitter_ns=2 * MS)) == []
     # a rise of 8 jitter-widths stands out of the same job
     assert anomalies(job(late_node=3, late_ns=4 * MS, jitter_ns=MS // 2)) == [("compute-slow", synth.node(3))]
+
+
+def test_a_straggler_late_by_less_in_another_communicator_is_late_there_too():
+    # Issue times jitter by 0.2 ms (six sigmas ~0.45 ms). node-03 is 1 ms late into every
+    # operator of dp0 and 0.3 ms - about four sigmas, under the full threshold - into every
+    # one of dp1, as a slow GPU is into the operators it issues right after a synchronisation.
+    named = [("compute-slow", synth.node(3))]
+    assert anomalies(job(late_node=3, late_by={"dp0": MS, "dp1": 300_000}, jitter_ns=200_000)) == named
+    # on time in dp1: one communicator of two is not the node's
+    assert anomalies(job(late_node=3, late_by={"dp0": MS, "dp1": 0}, jitter_ns=200_000)) == []
+    # late by four sigmas everywhere and by the full threshold nowhere: nobody is named
+    assert anomalies(job(late_node=3, late_by={"dp0": 300_000, "dp1": 300_000}, jitter_ns=200_000)) == []
 
 
 def test_a_straggler_from_the_first_operator_is_its_own_baseline():
