@@ -134,8 +134,17 @@ class LateBaselines:
                 th = ths[node]
             if th is not None and rise >= th:
                 out.append((i, lag, base))
-        self.rises[shape].extend(rises)
         if coupled:
+            self.rises[shape].extend(rises)
             nodes = frozenset(r.node for r in ordered)
             self.rise_nodes[shape].extend(nodes for _ in rises)
+        elif len({ordered[i].node for i, _, _ in out}) != 1:
+            # An operator one node alone was late into is not the job's healthy drift: a
+            # lone straggler displaces its peers' issue lags in the operators it holds up
+            # (sweep 131 #10, a GPU at x1.30 under MoE in 6-rank all-to-alls: the peers'
+            # rises went from +-0.1 ms to -0.7..+0.1 ms once it was 1 ms late, and the spread
+            # of the recent rises lifted the threshold from 0.37 ms to 1.3-1.9 ms, above its
+            # lateness). Where several nodes are late together (a pipeline stage drifting),
+            # the operator is the job's spread.
+            self.rises[shape].extend(rises)
         return out

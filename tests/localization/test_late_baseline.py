@@ -180,3 +180,39 @@ def test_a_straggler_of_three_rank_communicators_is_judged_without_the_peers_it_
     assert alone is not None and alone < MS / 2  # c1's jitter: six sigmas of 30 us
     # four ranks or more: the median of the others is a healthy rank's, no exclusion
     assert not LateBaselines.coupled(4) and LateBaselines.coupled(3) and LateBaselines.coupled(2)
+
+
+def test_a_lone_stragglers_operators_are_not_the_jobs_healthy_spread():
+    # One 6-rank all-to-all shape. From operator 8 on, rank 1 issues 1 ms late and the
+    # operators it holds up move its peers' issue lags by -0.7..+0.1 ms (sweep 131 #10,
+    # a slow GPU under MoE). Those operators are not the job's drift: the threshold stays
+    # six sigmas of the healthy 50 us jitter and the straggler is late in every one.
+    p = LocalizeParams(late_base_ops=8, late_spread_min=16, late_spread_k=6.0, late_floor_epochs=2.0)
+    lb = LateBaselines(p)
+    shape = (6, True)
+    recs = [synth.record("ep0", 0, r, r, kind="GroupP2P", nranks=6, start=0, end=MS, t_host=0, nic="mlx5_0")
+            for r in range(6)]
+    rng = np.random.default_rng(7)
+
+    def op(late: dict[int, float], displaced: bool) -> list[tuple[int, float, float]]:
+        t = rng.normal(0, 50_000, 6)
+        if displaced:  # the peers of the late rank
+            t += np.where(np.isin(np.arange(6), list(late)), 0.0, rng.uniform(-700_000, 100_000, 6))
+        for r, x in late.items():
+            t[r] += x
+        return lb.judge("ep0", recs, [(i, float(t[i] - np.median(np.delete(t, i)))) for i in range(6)])
+
+    for _ in range(8):
+        assert op({}, False) == []
+    for _ in range(40):
+        op({}, False)
+    healthy = lb.threshold(shape, synth.EPOCH)
+    assert healthy is not None and healthy < 600_000
+    hits = sum(any(i == 1 for i, _, _ in op({1: MS}, True)) for _ in range(100))
+    assert hits == 100
+    held = lb.threshold(shape, synth.EPOCH)
+    assert held is not None and held < 600_000  # (operators where a displaced peer was late too count)
+    # several ranks late together (a stage drifting): the job's spread, which widens
+    for _ in range(100):
+        op({0: 3 * MS, 2: 3 * MS, 4: 3 * MS}, False)
+    assert lb.threshold(shape, synth.EPOCH) > 2 * held
