@@ -80,9 +80,12 @@ def step_split(iv: np.ndarray) -> tuple[float, float]:
 
 
 class _Step:
-    __slots__ = ("best", "rises", "unexplained")
+    __slots__ = ("anyway", "best", "rises", "unexplained")
 
     def __init__(self) -> None:
+        self.anyway: set[int] = set()
+        """Ranks late into some operator of the step by their own compute gap, by a rise
+        of at least a sigma and the floor, whatever it cost the step."""
         self.rises: dict[int, float] = {}
         """rank -> its rises summed over the step's operators."""
         self.best: dict[int, Finding] = {}
@@ -129,7 +132,13 @@ class LateStragglers:
         self._wins: dict[str, deque[tuple[int, Finding | None]]] = {}
         self._nranks: dict[str, int] = {}
         self._nodes: dict[str, frozenset[str]] = {}
+        self._rank_node: dict[tuple[str, int], str] = {}
         self._shape: dict[str, tuple[int, bool]] = {}
+        self._wins_any: dict[str, deque[int]] = {}
+        self.latest: dict[str, str] = {}
+        """comm -> the node consistently the latest of its steps by its own doing, however
+        little that cost the step (support for a node late by the full threshold in its
+        other communicators: :func:`.rules.late.late_hypotheses`)."""
         self.consistent: dict[str, tuple[str, list[Finding]]] = {}
         """comm -> (node, the findings of the steps it was the latest in) while one of its
         ranks is consistently the latest."""
@@ -152,23 +161,28 @@ class LateStragglers:
         if opens is None:
             return
         wins = self._wins.setdefault(comm, deque(maxlen=self.p.late_straggler_steps))
+        wins_any = self._wins_any.setdefault(comm, deque(maxlen=self.p.late_straggler_steps))
         if opens:
             b = self._step.pop(comm, None)
             if b is not None and len(b.rises) >= 2:
                 wins.append(self._winner(b))
+                wins_any.append(self._latest(b))
         b = self._step.setdefault(comm, _Step())
         if len(rises) >= 2:
             self._nranks[comm] = len(ordered)
             self._nodes[comm] = frozenset(r.node for r in ordered)
+            for r in ordered:
+                self._rank_node[(comm, r.rank)] = r.node
             shape = self._shape[comm] = LateBaselines.shape(ordered[0])
             epoch = ordered[0].epoch_ns
             # the cheap parts of the floor first: the spread's sigma costs a median or two
-            low = max(self.p.late_floor_epochs * epoch, self.p.late_step_frac * self._steps[comm].split[1])
+            floor = self.p.late_floor_epochs * epoch
+            low = max(floor, self.p.late_step_frac * self._steps[comm].split[1])
             sigma: dict[str, float | None] = {}
             for j, rise in rises.items():
                 r = ordered[j]
                 b.rises[r.rank] = b.rises.get(r.rank, 0.0) + rise
-                if rise < low:
+                if rise < floor:
                     continue
                 if r.node not in sigma:
                     th = self.spread.threshold(shape, epoch, r.node)
@@ -176,13 +190,20 @@ class LateStragglers:
                 sg = sigma[r.node]
                 if sg is None or rise < sg:
                     continue
+                if rise < low:
+                    if r.rank not in b.anyway and not explained(finding(j)):
+                        b.anyway.add(r.rank)
+                    continue
                 f = finding(j)
                 if r.rank not in b.best or lateness(b.best[r.rank]) < lateness(f):
                     b.best[r.rank] = f
                 if r.rank not in b.unexplained and not explained(f):
                     b.unexplained.add(r.rank)
+                    b.anyway.add(r.rank)
         current = [self._winner(b)] if len(b.rises) >= 2 else []
         self._judge(comm, [*wins, *current][-self.p.late_straggler_steps:])
+        now = [self._latest(b)] if len(b.rises) >= 2 else []
+        self._judge_latest(comm, [*wins_any, *now][-self.p.late_straggler_steps:])
 
     @staticmethod
     def _winner(b: _Step) -> tuple[int, Finding | None]:
@@ -196,6 +217,25 @@ class LateStragglers:
             return (-1, None)
         rank = own[0][1]
         return (rank, b.best[rank])
+
+    @staticmethod
+    def _latest(b: _Step) -> int:
+        """The step's latest arrival by its own doing, whatever its lateness cost (-1: none clear)."""
+        own = sorted(((b.rises[rk], rk) for rk in b.anyway), reverse=True)
+        if not own or (len(own) > 1 and own[0][0] <= own[1][0]):
+            return -1
+        return own[0][1]
+
+    def _judge_latest(self, comm: str, wins: list[int]) -> None:
+        self.latest.pop(comm, None)
+        n = self._nranks.get(comm, 0)
+        window = self.p.late_straggler_steps
+        if len(wins) < window or n < 2:
+            return
+        k = consistent_count(n, window, self.p.straggler_alpha)
+        for rank in set(wins) - {-1}:
+            if wins.count(rank) >= k:
+                self.latest[comm] = self._rank_node[(comm, rank)]
 
     def _judge(self, comm: str, wins: list[tuple[int, Finding | None]]) -> None:
         self.consistent.pop(comm, None)

@@ -216,7 +216,8 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     for key, win in lt.windows.items():
         hits = [f for f in win if f is not None]
         per_node[key[0]].append((persistence(len(hits), len(win), min_fill, p.late_frac),
-                                 weakly_late(p, lt.rose.get(key), min_fill), hits))
+                                 weakly_late(p, lt.rose.get(key), min_fill)
+                                 or ev.late_stragglers.latest.get(key[1]) == key[0], hits))
     late: dict[str, list[Finding]] = {}
     for node, comms in per_node.items():
         strong = sum(f for f, _w, _ in comms)

@@ -127,3 +127,31 @@ def test_real_traffic_a_healthy_run_stays_quiet():
     from pulse.lab.analysis import lab_params
 
     assert diagnose(TRACES / "lab-healthy", lab_params()).anomalies == []
+
+
+def _latest(ms: list, p: LocalizeParams) -> tuple[set, set]:
+    """Every (comm, node) the localizer held as the consistent latest (whatever it cost)
+    and as a consistent late straggler, record by record."""
+    from pulse.localization.localizer import Localizer
+    loc = Localizer(p)
+    loc.add_events(events())
+    latest, consistent = set(), set()
+    for m in sorted(ms, key=lambda m: (m.end_ns, m.comm_id, m.seq, m.rank)):
+        loc.update([m])
+        st = loc.ev.late_stragglers
+        latest |= set(st.latest.items())
+        consistent |= {(c, n) for c, (n, _) in st.consistent.items()}
+    return latest, consistent
+
+
+def test_the_consistent_latest_whatever_it_costs_is_kept_apart_as_support():
+    # A cost floor no lateness reaches (half the step): no consistent straggler to name,
+    # but the rank latest at every step is known, to support a node late by the full
+    # threshold in its other communicators (rules/late.py)
+    ms = ddp_job(30, late_rank=2, late_from=8, late_ms=10)
+    latest, consistent = _latest(ms, params(late_step_frac=0.5))
+    assert latest == {("dp0", synth.node(2))} and consistent == set()
+    assert anomalies(ms, params(late_step_frac=0.5)) == []
+    # healthy ranks taking turns: nobody
+    for seed in range(3):
+        assert _latest(ddp_job(60, seed=seed), params(late_step_frac=0.5)) == (set(), set())
