@@ -247,6 +247,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
     grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
     if grp is None:
         return {}  # several smallest sets explain the slow links alike: naming one would be a guess
+    if _paced_relay(grp, hits):
+        return {}
     if not any(node_of(a) not in grp and node_of(b) not in grp for a, b in clean):
         # A group's fault leaves the traffic between the other nodes alone; with none of it
         # seen clean since the slowness began, a slowdown of the whole communicator fits as
@@ -255,6 +257,22 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         # was named a group of four)
         return {}
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
+
+
+def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:
+    """Whether a member of the group is in it only by its own relay records slow by timing
+    alone (a tree relay sending to several peers at once): a relay forwards at the pace its
+    inputs arrive, so a fault upstream stretches it wherever it sits in the tree, and
+    nothing sent into it nor resent says its NIC is at fault. Sweep 139 #7 (packet loss on
+    node-00 under a 14-node tree): node-06's relay records to three exonerated peers went
+    slow by ACT after node-00's, and the pair was named a path with no link between them."""
+    sets = [(f, record_nodes(f)) for f in hits]
+    for g in grp:
+        others = set(grp) - {g}
+        own = [f for f, ns in sets if g in ns and not ns & others]
+        if own and all(f.node == g and len(f.peer_eps) > 1 and f.flows > 1 and f.timing_only() for f in own):
+            return True
+    return False
 
 
 def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,

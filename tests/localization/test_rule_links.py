@@ -489,3 +489,29 @@ def test_relays_of_other_nodes_sharing_one_peer_do_not_name_that_peer():
     # x's own relay record slow too: x is in every slow record, its own among them
     slow.update(relay("x", ("p", "q", "e")))
     assert list(slow_link_hypotheses(slow, set(), P)) == [("network-slow", ("x",))]
+
+
+def test_a_tree_relay_slow_by_its_inputs_pace_joins_no_group():
+    # sweep 139 #7: packet loss on x's NIC under a tree all-reduce. x's sends resend bytes
+    # (two slow links), its tree neighbours a and b relay slowly to x and two others each;
+    # far from x, relay r's records to p, q and s (three flows) went slow by ACT too, its
+    # inputs arriving at x's pace. p, q, s and x's neighbours' other peers are seen receiving
+    # cleanly from third nodes, so r alone covered its records, and {x, r} was named a path
+    # with no link between them. A relay forwards at the pace of its inputs: r joins no group.
+    from dataclasses import replace
+
+    def relay(src: str, to: tuple[str, ...], **kw) -> dict:
+        return {(ep(src), ep(d)): [replace(f, peer_eps=tuple(ep(t) for t in to), flows=len(to) + 1, **kw)
+                                   for f in slow_link(ep(src), ep(d))] for d in to}
+
+    slow = {**{k: [replace(f, metric="volume_ratio") for f in fs]
+               for k, fs in relay("x", ("a", "b")).items()},
+            **relay("a", ("x", "c", "d")), **relay("b", ("x", "e", "f"))}
+    clean = {(ep(o), ep(n)) for n in ("c", "d", "e", "f", "p", "q", "s", "a", "b") for o in ("g", "h")}
+    assert list(slow_link_hypotheses(slow, clean, P)) == [("network-slow", ("x",))]
+    with_r = {**slow, **relay("r", ("p", "q", "s"))}
+    assert slow_link_hypotheses(with_r, clean, P) == {}
+    # r's own records resending bytes are its NIC's, not its inputs' pace: the group stands
+    resent = {**slow, **{k: [replace(f, metric="volume_ratio") for f in fs]
+                         for k, fs in relay("r", ("p", "q", "s")).items()}}
+    assert list(slow_link_hypotheses(resent, clean, P)) == [("path", ("r", "x"))]
