@@ -212,39 +212,35 @@ class LateStragglers:
         contest: the ring successor of a starved rank receives its last chunks late and can
         arrive later than the starved rank itself (lab, 5 ranks, one at 0.22 of a core: its
         successor's summed rises the largest in 9 of 10 steps, every one of them a wait)."""
-        own = sorted(((b.rises[rk], rk) for rk in b.unexplained), reverse=True)
-        if not own or (len(own) > 1 and own[0][0] <= own[1][0]):
-            return (-1, None)
-        rank = own[0][1]
-        return (rank, b.best[rank])
+        rank = _top(b, b.unexplained)
+        return (rank, b.best[rank]) if rank >= 0 else (-1, None)
 
     @staticmethod
     def _latest(b: _Step) -> int:
         """The step's latest arrival by its own doing, whatever its lateness cost (-1: none clear)."""
-        own = sorted(((b.rises[rk], rk) for rk in b.anyway), reverse=True)
-        if not own or (len(own) > 1 and own[0][0] <= own[1][0]):
-            return -1
-        return own[0][1]
+        return _top(b, b.anyway)
+
+    def _needed(self, comm: str, wins: int) -> int | None:
+        """Steps of the window one rank must be the latest in (None: too few steps or ranks
+        yet, or no count is enough)."""
+        n = self._nranks.get(comm, 0)
+        window = self.p.late_straggler_steps
+        if wins < window or n < 2:
+            return None
+        k = consistent_count(n, window, self.p.straggler_alpha)
+        return k if k <= window else None
 
     def _judge_latest(self, comm: str, wins: list[int]) -> None:
         self.latest.pop(comm, None)
-        n = self._nranks.get(comm, 0)
-        window = self.p.late_straggler_steps
-        if len(wins) < window or n < 2:
-            return
-        k = consistent_count(n, window, self.p.straggler_alpha)
+        k = self._needed(comm, len(wins))
         for rank in set(wins) - {-1}:
-            if wins.count(rank) >= k:
+            if k is not None and wins.count(rank) >= k:
                 self.latest[comm] = self._rank_node[(comm, rank)]
 
     def _judge(self, comm: str, wins: list[tuple[int, Finding | None]]) -> None:
         self.consistent.pop(comm, None)
-        n = self._nranks.get(comm, 0)
-        window = self.p.late_straggler_steps
-        if len(wins) < window or n < 2:
-            return
-        k = consistent_count(n, window, self.p.straggler_alpha)
-        if k > window:
+        k = self._needed(comm, len(wins))
+        if k is None:
             return
         for node in self._nodes.get(comm, ()):
             self.judged.setdefault(node, set()).add(comm)
@@ -268,3 +264,11 @@ class LateStragglers:
             if len(got) >= max(1.0, comm_frac * len(self.judged.get(node, ()))):
                 out[node] = [f for _, fs in got for f in fs]
         return out
+
+
+def _top(b: _Step, ranks: set[int]) -> int:
+    """Of ``ranks``, the one whose rises summed over the step are strictly the largest (-1: a tie, or none)."""
+    own = sorted(((b.rises[rk], rk) for rk in ranks), reverse=True)
+    if not own or (len(own) > 1 and own[0][0] <= own[1][0]):
+        return -1
+    return own[0][1]
