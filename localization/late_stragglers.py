@@ -233,8 +233,10 @@ class LateStragglers:
     def _judge_latest(self, comm: str, wins: list[int]) -> None:
         self.latest.pop(comm, None)
         k = self._needed(comm, len(wins))
+        if k is None:
+            return
         for rank in set(wins) - {-1}:
-            if k is not None and wins.count(rank) >= k:
+            if wins.count(rank) >= k:
                 self.latest[comm] = self._rank_node[(comm, rank)]
 
     def _judge(self, comm: str, wins: list[tuple[int, Finding | None]]) -> None:

@@ -227,7 +227,10 @@ class Localizer:
         full threshold over ``late_spread_k``, its floor included)."""
         base = self.ev.late_base
         rises = [(i, lag - b) for i, lag in lags if (b := base.base.get((comm, ordered[i].rank))) is not None]
-        if not rises or max(x for _, x in rises) <= 0:
+        # the threshold is at least its floor: below that share of it no rise counts, and
+        # the spread's medians are not worth computing
+        least = self.p.late_weak_sigmas / self.p.late_spread_k * self.p.late_floor_epochs * ordered[0].epoch_ns
+        if not rises or max(x for _, x in rises) < max(least, 1.0):
             return set()
         th = base.threshold(base.shape(ordered[0]), ordered[0].epoch_ns)
         if th is None:

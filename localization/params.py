@@ -251,15 +251,16 @@ class LocalizeParams:
     baseline by this many sigmas of the job's healthy spread in as many operators of its
     window as a healthy rank would reach with chance ``straggler_alpha``, taking one such
     rise's chance to be ``late_weak_chance``; and at least one whole communicator's window
-    must be late by the full threshold. A communicator whose steps the node is consistently
-    the latest arrival of (:attr:`.late_stragglers.LateStragglers.latest`, the binomial
-    test without the cost floor ``late_step_frac``) counts alike (sweep 131 #10: a GPU at
-    x1.30 under MoE, 1 ms late into every all-to-all and the latest of every data-parallel
-    step by 0.13-0.5 ms, where the job's spread of those buckets had grown to 1 ms). A straggler delays each operator by the compute it
+    must be late by the full threshold. A straggler delays each operator by the compute it
     did since the last synchronisation, so operators issued right after another one show
     little of it (sweep 127 #18: a GPU at x1.47 under MoE, 1.2-2.6 ms late into every
     all-to-all, 0.24-0.74 ms - 3 to 7 sigmas - into every data-parallel bucket issued after
-    the step's last all-to-all, where six sigmas caught 5 of 16)."""
+    the step's last all-to-all, where six sigmas caught 5 of 16). A communicator whose
+    steps the node is consistently the latest arrival of
+    (:attr:`.late_stragglers.LateStragglers.latest`, the binomial test without the cost
+    floor ``late_step_frac``) counts alike (sweep 131 #10: a GPU at x1.30 under MoE, 1 ms
+    late into every all-to-all and the latest of every data-parallel step by 0.13-0.5 ms,
+    where the job's spread of those buckets had grown to 1 ms)."""
     late_weak_chance: float = 1.0 / 6.0
     """...the chance assumed for one healthy rise of ``late_weak_sigmas``: a normal spread
     gives it 1 time in 44; a sixth leaves room for the heavy tails of real jitter."""
