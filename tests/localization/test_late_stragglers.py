@@ -103,7 +103,8 @@ def test_how_many_of_8_steps_a_straggler_must_be_the_latest_in(n, k):
     assert consistent_count(n, 8, 1e-3) == k
 
 
-@pytest.mark.parametrize("bad", [{"late_step_frac": 1.0}, {"late_step_frac": -0.1}, {"late_straggler_steps": 0}])
+@pytest.mark.parametrize("bad", [{"late_step_frac": 1.0}, {"late_step_frac": -0.1}, {"late_straggler_steps": 0},
+                                 {"late_weak_chance": 0.0}, {"late_weak_chance": 1.0}, {"late_weak_sigmas": 0.0}])
 def test_settings_outside_their_range_are_a_config_error(bad):
     with pytest.raises(ConfigError):
         LocalizeParams(**bad)
