@@ -107,9 +107,6 @@ class LocalizeParams:
     each is the clear slowest of an operator at most 1/n of the time, and a rank must be so
     in as many of the window as keeps the binomial tail, over all n ranks, below this
     (4 ranks: 10 of 12; 8 ranks: 8 of 12; 3 ranks: 11 of 12)."""
-    min_act_epochs: int = 4
-    """Shapes whose reference ACT is below this many epochs are too short to compare: a
-    single epoch of quantisation is then more than the ratio above."""
     rate_ratio: float = 0.80
     """GroupP2P (custom collectives): a rank whose rank-level active rate is below this
     fraction of its peers' median is slow. Rate, not volume, so expert imbalance (ranks

@@ -158,14 +158,21 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         # its sends, so its other traffic never beats the slow links either, and no cap is
         # shown; what clears that end is then any clean traffic with third nodes (battery
         # cpu-contention seed 3: node-03 -> node-07 only; the rate test named node-03's NIC
-        # before the host rule could conclude). An end whose other sends did beat the slow
-        # links is no starved host (sweep 53 #0: node-03's sends into a congested downlink
-        # slow, its sends to three other nodes faster): the rates then still tell which end
-        # is capped. The other end keeps the rate test: a receiver capped below its other
-        # senders' all-to-all rates (unknown: shared among their receivers) is not cleared by
-        # them (sweep 71 #1: a PCIe-capped node's one slow sender on 4 NICs, host-shaped,
-        # and the pair was named a path).
-        host_ends = {x for x in covers if host_shaped(slow, p, x) and not capable(slow, clean, rates, x, True, covers)}
+        # before the host rule could conclude). An end whose other sends to one peer at a
+        # time beat the slow links is no starved host (sweep 53 #0: node-03's sends into a
+        # congested downlink slow, its sends to three other nodes faster): the rates then
+        # still tell which end is capped. Records sent to several peers at once do not show
+        # it: a starved proxy posts each connection's chunks late, and a send spread over
+        # many connections (an all-to-all) keeps its pace where one connection's does not
+        # (sweep 157 #14: a host at 30 % of its CPU, its pipeline sends at 3.4x their
+        # reference on 4 NICs while its all-to-all sends ran at 1.09x and beat them; its
+        # healthy pipeline partner was named network-slow by elimination). The other end
+        # keeps the rate test: a receiver capped below its other senders' all-to-all rates
+        # (unknown: shared among their receivers) is not cleared by them (sweep 71 #1: a
+        # PCIe-capped node's one slow sender on 4 NICs, host-shaped, and the pair was named
+        # a path).
+        one_peer = (rates[0], rates[2], rates[2]) if rates is not None else None
+        host_ends = {x for x in covers if host_shaped(slow, p, x) and not capable(slow, clean, one_peer, x, True, covers)}
 
         def cap(x: str, sends: bool) -> bool:
             return capable(slow, clean, None if x in host_ends else rates, x, sends, covers)
@@ -222,6 +229,14 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             x = next(iter(senders))
             if x in ok:
                 return {}  # the sender's other sends beat the slow links: not its NIC
+            if x in host_ends and {k[0] for k in slow} & {b for _a, b in clean}:
+                # Its sends slow, what it receives on the same NICs clean: a NIC or PCIe
+                # fault slows both directions, so its own network does not fit; its host, the
+                # receiver's downlink or a one-way path do, and the host rule waits for the
+                # receiver's capacity to be shown (sweep 157 #23: congestion into node-05's
+                # downlinks, node-01's pipeline sends into it slow on 7 NICs while node-05's
+                # sends back into the same NICs of node-01 ran clean; node-01 was named).
+                return {}
             return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
         return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:

@@ -176,7 +176,7 @@ def test_resent_bytes_in_an_operator_its_peers_waited_for_are_not_the_network():
 def test_resent_bytes_count_when_the_act_cannot_be_judged():
     # sweep 67 #8: 1 MB tree buckets of two 128 us epochs, one node's link at 1.4 % loss,
     # its records resending 1.5-2.7x their bytes: ACT at 2 epochs says nothing, bytes do
-    for ref in (None, 2.0 * E):  # no reference yet; a reference under min_act_epochs
+    for ref in (None, 2.0 * E):  # no reference yet; a two-epoch reference (no ACT slow by 3)
         out = Judgement()
         _judge_act(_view([2, 2, 3, 2], vol=[1.0, 2.2, 1.0, 1.01]), P, ref, out)
         assert [(f.node, f.metric) for f in out.findings] == [("n1", "volume_ratio")]
@@ -186,3 +186,22 @@ def test_resent_bytes_count_when_the_act_cannot_be_judged():
     out = Judgement()
     _judge_act(_view([2, 2, 2, 2]), P, None, out)
     assert not out.links and not out.findings
+
+
+def _send(act_epochs: int, epoch: int) -> OpView:
+    r = OpMetrics(job="j", node="n0", comm_id="pp", seq=0, rank=0, kind="Send", nranks=2, start_ns=0,
+                  end_ns=act_epochs * epoch, duration_ns=act_epochs * epoch, act_ns=act_epochs * epoch,
+                  volume_bytes=8 << 20, expected_bytes=8 << 20, complete=True, active_rate=1.0, flows=1,
+                  epoch_ns=epoch)
+    return OpView("pp", 0, "Send", {0: "n0", 1: "n1"}, [r], ["n0/mlx5_0"], [("n1/mlx5_0",)], [False])
+
+
+def test_a_shape_of_a_few_epochs_is_judged_by_the_quantisation_bound():
+    # sweep 151 #10: 8 MB pipeline sends of 3 epochs at 96 us, 7 epochs behind a PCIe cap at
+    # 32 %; a shape that short is still timed, with the bound's larger effective ratio
+    e = 96_000
+    for act, slow in ((3, False), (4, False), (6, False), (7, True)):
+        out = Judgement()
+        _judge_act(_send(act, e), P, 3.0 * e, out)
+        assert [lk.slow for lk in out.links] == [slow], act
+        assert bool(out.findings) == slow

@@ -515,3 +515,20 @@ def test_a_tree_relay_slow_by_its_inputs_pace_joins_no_group():
     resent = {**slow, **{k: [replace(f, metric="volume_ratio") for f in fs]
                          for k, fs in relay("r", ("p", "q", "s")).items()}}
     assert list(slow_link_hypotheses(resent, clean, P)) == [("path", ("r", "x"))]
+
+
+def test_a_sender_whose_nics_receive_cleanly_is_not_named_for_its_slow_sends():
+    # sweep 157 #23: congestion into y's downlinks; x's pipeline sends into y slow on 7 of
+    # 8 NICs, y's sends back into the same NICs of x clean, x seen sending nowhere else
+    # (host-shaped, nothing shows its sends work), y seen receiving from w on one NIC (a
+    # lull of the bursts, below the slow links' rate). x's NIC would slow both directions:
+    # not x's network; its host, y's downlink or a one-way path: nobody yet
+    slow = {(ep("x", k), ep("y", k)): slow_link(ep("x", k), ep("y", k), 6, comm=f"c{k}") for k in range(7)}
+    back = {(ep("y", k), ep("x", k)) for k in range(8)}
+    ring_in = {(ep("w", 4), ep("y", 4))}
+    rates = (dict.fromkeys(slow, 16.4), dict.fromkeys(back, 21.8), {**dict.fromkeys(back, 21.8),
+                                                                     **dict.fromkeys(ring_in, 12.3)})
+    assert slow_link_hypotheses(slow, back | ring_in, P, rates) == {}
+    # x seen receiving cleanly only on its NIC that sends nothing slow: the others still fit
+    got = slow_link_hypotheses(slow, ring_in | {(ep("y", 7), ep("x", 7))}, P, rates)
+    assert list(got) == [("network-slow", ("x",))]
