@@ -338,10 +338,13 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     nb_l: list[float] = []
     done_l: list[float] = []
     want_l: list[float] = []
+    begin_l: list[float] = []
     for i, r in enumerate(view.recs):
         me = view.endpoints[i]
         wants = r.peer_expected_bytes or [0] * len(r.peer_ranks)  # type: ignore[arg-type]
-        for pr, t, b, w in zip(r.peer_ranks, r.peer_done_ns, r.peer_bytes, wants, strict=True):  # type: ignore[arg-type]
+        begins = r.peer_start_ns or [-1] * len(r.peer_ranks)  # type: ignore[arg-type]
+        for pr, t, b, w, t0 in zip(r.peer_ranks, r.peer_done_ns, r.peer_bytes, wants, begins,  # type: ignore[arg-type]
+                                   strict=True):
             dst = view.endpoint_of(pr)
             if t <= 0 or b <= 0 or dst.split("/", 1)[0] in (r.node, "?"):
                 continue  # no wire between them (or the peer's node is not known yet)
@@ -351,6 +354,7 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
             nb_l.append(float(b))
             done_l.append(float(t))
             want_l.append(float(w))
+            begin_l.append(float(t0))
     if len(nb_l) < p.min_ranks:
         return False
     nb = np.array(nb_l)
@@ -369,7 +373,13 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     # every NIC-capped or lossy culprit seen, 1.0): idle epochs are not the NIC's capacity.
     idle = {view.endpoints[i] for i in set(idx)
             if view.recs[i].act_ns < view.recs[i].duration_ns - view.recs[i].epoch_ns}
-    slow_ends = _both_ways(src_l, dst_l, hi < bar) - busy - idle
+    # A link into a receiver that posted its receive late is slow by the wait, not by the
+    # wire, and says nothing of the receiver's downlink (sweep 157 #11: a GPU at x1.27, its
+    # rank 0.35-1.1 ms late into 4-rank all-to-alls, every link into it "slow", and its own
+    # sends - all at once, sharing its NIC three ways where its peers had shared theirs two
+    # ways meanwhile - below the operator's median: named network-slow).
+    waited = _waited_for_receiver(idx, np.array(begin_l), done, idle, src_l)
+    slow_ends = _both_ways(src_l, dst_l, hi < bar, ~waited) - busy - idle
     # bytes beyond what the operator declared for a peer were resent (go-back-N resends
     # whole windows); a lossy NIC loses both ways, so its links out and in carry them
     extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)
@@ -395,16 +405,40 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     return True
 
 
-def _both_ways(src: list[str], dst: list[str], flag: np.ndarray) -> set[str]:
+def _waited_for_receiver(idx: list[int], begin: np.ndarray, done: np.ndarray, idle: set[str],
+                         src: list[str]) -> np.ndarray:
+    """Per link, whether its flow waited for its receiver to post: a flow starts when its
+    receiver has posted the receive, and a sender's flows to receivers on time start
+    together, so one that began only once half the sender's other flows had ended waited
+    (its sender's clock alone). A capped receiver's flow starts with the others and lasts.
+    Records without first-byte figures (``begin`` < 0) say it by their sender idling
+    within its record (nothing to send meanwhile: a capped receiver keeps it busy)."""
+    out = np.zeros(begin.size, np.bool_)
+    ix = np.array(idx)
+    for i in set(idx):
+        ks = np.flatnonzero(ix == i)
+        if begin[ks[0]] < 0:
+            out[ks] = src[ks[0]] in idle
+            continue
+        for k in ks:
+            others = done[ks[ks != k]]
+            out[k] = others.size > 0 and begin[k] >= float(np.median(others))
+    return out
+
+
+def _both_ways(src: list[str], dst: list[str], flag: np.ndarray, inward: np.ndarray | None = None) -> set[str]:
     """Endpoints more than half of whose links out, and more than half of whose links in,
     are flagged. A faulty NIC's links are all flagged; every other endpoint has one link
-    each way with it, at most half of its links from three ranks on."""
-    def shares(ends: list[str]) -> dict[str, float]:
+    each way with it, at most half of its links from three ranks on. ``inward``: the links
+    that count for their receiver (default all); an endpoint with none counted is not
+    slow inward."""
+    def shares(ends: list[str], use: np.ndarray) -> dict[str, float]:
         keys, inv = np.unique(np.array(ends), return_inverse=True)
-        n = np.bincount(inv, minlength=keys.size)
-        hit = np.bincount(inv, weights=flag.astype(np.float64), minlength=keys.size)
-        return dict(zip(keys.tolist(), (hit / n).tolist(), strict=True))
-    out_s, in_s = shares(src), shares(dst)
+        n = np.bincount(inv, weights=use.astype(np.float64), minlength=keys.size)
+        hit = np.bincount(inv, weights=(flag & use).astype(np.float64), minlength=keys.size)
+        return {k: h / c for k, h, c in zip(keys.tolist(), hit.tolist(), n.tolist(), strict=True) if c > 0}
+    every = np.ones(flag.size, np.bool_)
+    out_s, in_s = shares(src, every), shares(dst, every if inward is None else inward)
     return {e for e, x in out_s.items() if x > 0.5 and in_s.get(e, 0.0) > 0.5}
 
 

@@ -246,8 +246,9 @@ class Record:
         fail (or has fields whose presence decides its version): decode those one by one
         to get the error that names it."""
         known = _known(cls.FIELDS)
-        if _versioned(cls.FIELDS) or not items:
+        if not items:
             return None
+        versioned = _versioned(cls.FIELDS)
         allowed = known | {"type", "v"}
         for d in items:
             if type(d) is not dict or not allowed.issuperset(d):
@@ -257,6 +258,10 @@ class Record:
             v = d.get("v")
             if type(v) is not int or not 1 <= v <= cls.VERSION:
                 return None
+            for f in versioned:  # a field its version does not have, or lacks: one by one
+                if (v < f.since and f.name in d) or (
+                        f.optional_since is not None and v < f.optional_since and d.get(f.name) is None):
+                    return None
         cols: dict[str, list[Any]] = {}
         for f in cls.FIELDS:
             col = [d.get(f.name) for d in items]

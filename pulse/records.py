@@ -51,7 +51,10 @@ class OpMetrics(Record):
         Field("peer_done_ns", "list[int]", required=False),
         Field("peer_bytes", "list[int]", required=False),
         Field("peer_expected_bytes", "list[int]", required=False),
+        Field("peer_start_ns", "list[int]", required=False, since=2),
     )
+    VERSION = 2
+    """v2: ``peer_start_ns``; a record without it is written v1, byte for byte as before."""
     job: str
     node: str
     comm_id: str
@@ -91,6 +94,11 @@ class OpMetrics(Record):
     peer_expected_bytes: list[int] | None = None
     """Per peer, the bytes the operator declared for it (the volume condition's share):
     what a peer's link carried beyond it was resent."""
+    peer_start_ns: list[int] | None = None
+    """Per peer, when its first byte left, ns after ``start_ns`` (the start of that epoch;
+    this rank's clock). A flow starts when its receiver has posted the receive, so a flow
+    that began after this rank's other flows had ended waited for a late receiver.
+    Optional beside the other per-peer figures (producers before it omit it)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,6 +114,11 @@ class OpMetrics(Record):
                 raise DecodeError("op-metrics: negative per-peer figure")
             if max(self.peer_done_ns, default=0) > self.duration_ns:  # type: ignore[arg-type]
                 raise DecodeError("op-metrics: a peer's last byte after the record's end")
+        if self.peer_start_ns is not None:
+            if self.peer_done_ns is None or len(self.peer_start_ns) != len(self.peer_done_ns):
+                raise DecodeError("op-metrics: peer_start_ns needs the other per-peer figures, of their length")
+            if any(not 0 <= a <= b for a, b in zip(self.peer_start_ns, self.peer_done_ns, strict=True)):
+                raise DecodeError("op-metrics: a peer's first byte before the record's start or after its last")
 
 
 @dataclasses.dataclass(frozen=True)

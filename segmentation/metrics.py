@@ -39,30 +39,35 @@ def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol
     complete = bool(np.all(status == COMPLETE))
     return build_many([info], clock, [first], [last], [int(vol.sum())], [complete], [int(act_epochs)],
                       [int(granted.min()) if granted.size else -1],
-                      [peer_figures(info, first, end, vol, int(clock.epoch_ns)) if complete else None])[0]
+                      [peer_figures(info, first, start, end, vol, int(clock.epoch_ns)) if complete else None])[0]
 
 
-PeerFigures = tuple[list[int], list[int], list[int], list[int]]
+PeerFigures = tuple[list[int], list[int], list[int], list[int], list[int]]
 """(peer ranks, ns from the record's start to its last byte to each, bytes to each, bytes
-declared for each)."""
+declared for each, ns from the record's start to the start of its first byte's epoch to each)."""
 
 
-def peer_figures(info: OpInfo, first: int, end: np.ndarray, vol: np.ndarray, epoch: int) -> PeerFigures | None:
-    """Per peer of a grouped P2P record (``info.flow_peers``), from its flows' last active
-    grid epochs ``end`` and bytes ``vol`` (aligned with ``info.flows``); None for other
-    operators, or when a flow never started."""
+def peer_figures(info: OpInfo, first: int, start: np.ndarray, end: np.ndarray, vol: np.ndarray,
+                 epoch: int) -> PeerFigures | None:
+    """Per peer of a grouped P2P record (``info.flow_peers``), from its flows' first and last
+    active grid epochs ``start``/``end`` and bytes ``vol`` (aligned with ``info.flows``);
+    None for other operators, or when a flow never started."""
     fp = info.flow_peers
-    if fp is None or len(fp) != end.size or first < 0 or end.size == 0 or int(end.min()) < first:
+    if (fp is None or len(fp) != end.size or first < 0 or end.size == 0 or int(end.min()) < first
+            or int(start.min()) < first):
         return None
     peers, inv = np.unique(np.asarray(fp, np.int64), return_inverse=True)
     last = np.full(peers.size, first, np.int64)
     np.maximum.at(last, inv, end)
+    begin = np.full(peers.size, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(begin, inv, start)
     # integer sums (float weights would round byte counts above 2^53)
     sent = np.zeros(peers.size, np.int64)
     np.add.at(sent, inv, vol.astype(np.int64))
     want = np.zeros(peers.size, np.int64)
     np.add.at(want, inv, np.asarray(info.expected, np.int64))
-    return peers.tolist(), ((last + 1 - first) * epoch).tolist(), sent.tolist(), want.tolist()
+    return (peers.tolist(), ((last + 1 - first) * epoch).tolist(), sent.tolist(), want.tolist(),
+            ((begin - first) * epoch).tolist())
 
 
 def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: list[int], volume: list[int],
@@ -111,7 +116,8 @@ def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: lis
             "active_rate": min(rate, 1e15), "flows": st[1], "epoch_ns": epoch, "nics": list(st[2]),
             "group": ev.group, "t_host_ns": ev.t_host_ns, "granted_ns": g * epoch + phase if g >= 0 else None,
             "peer_ranks": pf[0] if pf else None, "peer_done_ns": pf[1] if pf else None,
-            "peer_bytes": pf[2] if pf else None, "peer_expected_bytes": pf[3] if pf else None})
+            "peer_bytes": pf[2] if pf else None, "peer_expected_bytes": pf[3] if pf else None,
+            "peer_start_ns": pf[4] if pf else None})
         out.append(rec)
     return out
 

@@ -255,9 +255,10 @@ class SlotTable:
         rows = rows[np.argsort(uid_col[rows], kind="stable")]
         ru = uid_col[rows]
         out: list[_metrics.PeerFigures | None] = [None] * len(infos)
-        end, vol = s.col("end"), s.col("vol")
+        start, end, vol = s.col("start"), s.col("end"), s.col("vol")
         for k in want:
             u = int(uids[k])
             a, b = np.searchsorted(ru, u), np.searchsorted(ru, u, side="right")
-            out[k] = _metrics.peer_figures(infos[k], first[k], end[rows[a:b]], vol[rows[a:b]], epoch)
+            got = rows[a:b]
+            out[k] = _metrics.peer_figures(infos[k], first[k], start[got], end[got], vol[got], epoch)
         return out

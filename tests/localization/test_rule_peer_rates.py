@@ -151,3 +151,54 @@ def test_links_slow_both_ways_at_a_node_whose_nic_sat_idle_are_not_its_nic():
     def idle(seq, r):
         return 0.85 if seq >= ONSET and r == 3 else 1.0
     assert not anomalies(localize(_alltoall(f, idle=idle), _events(), LocalizeParams()))
+
+
+def _a2a_op(late_rx: bool, starts: bool = True) -> list[OpMetrics]:
+    """One 4-rank all-to-all (2 MB per peer, 16 us epochs; times in epochs, each sender's
+    clock): rank 3 posted its receives 60 epochs late (``late_rx``) - its peers finished
+    their mutual flows sharing their NICs two ways, then sent to it, and it sent to all three
+    at once, sharing its NIC three ways - or its NIC was capped at 40 % (every flow into and
+    out of it 2.5x)."""
+    e = 16_000
+    recs = []
+    for r in range(4):
+        peers = [d for d in range(4) if d != r]
+        if late_rx:
+            span = {d: ((60, 80) if d == 3 else (0, 12)) for d in peers} if r != 3 else dict.fromkeys(peers, (0, 20))
+        else:
+            span = {d: (0, 40) if 3 in (r, d) else (0, 16) for d in peers}
+        begin = [span[d][0] * e for d in peers]
+        done = [span[d][1] * e for d in peers]
+        dur = max(done)
+        busy = sum(b - a for a, b in span.values())
+        act = min(dur, busy * e) if late_rx and r != 3 else dur
+        recs.append(OpMetrics(job="job", node=synth.node(r), comm_id="ep0", seq=0, rank=r, kind="GroupP2P", nranks=4,
+                              start_ns=0, end_ns=dur, duration_ns=dur, act_ns=act, volume_bytes=3 * (2 << 20),
+                              expected_bytes=3 * (2 << 20), complete=True, active_rate=1.0, flows=3, epoch_ns=e,
+                              nics=["mlx5_0"], t_host_ns=0, peer_ranks=peers, peer_done_ns=done,
+                              peer_bytes=[2 << 20] * 3, peer_expected_bytes=[2 << 20] * 3,
+                              peer_start_ns=begin if starts else None))
+    return recs
+
+
+def _judged(recs: list[OpMetrics]):
+    from pulse.localization.observations import Judgement, OpView, _judge_peer_rates
+
+    eps = [f"{synth.node(r)}/mlx5_0" for r in range(4)]
+    view = OpView("ep0", 0, "GroupP2P", {r: synth.node(r) for r in range(4)}, recs, eps,
+                  [tuple(x for j, x in enumerate(eps) if j != i) for i in range(4)], [False] * 4,
+                  endpoint_of=lambda r: eps[r])
+    out = Judgement()
+    assert _judge_peer_rates(view, LocalizeParams(), out)
+    return out
+
+
+def test_links_into_a_receiver_that_posted_late_are_not_its_downlink():
+    # sweep 157 #11: a slow GPU's rank late into 4-rank all-to-alls was named network-slow
+    for starts in (True, False):  # first bytes per peer, or (older records) its senders idling
+        out = _judged(_a2a_op(late_rx=True, starts=starts))
+        assert not out.findings and not any(lk.slow for lk in out.links)
+    # a capped NIC: the flows into it start with the others and last
+    out = _judged(_a2a_op(late_rx=False))
+    assert {f.node for f in out.findings} == {synth.node(r) for r in range(4)}
+    assert {lk.dst for lk in out.links if lk.slow} | {lk.src for lk in out.links if lk.slow} >= {"node-03/mlx5_0"}

@@ -80,6 +80,13 @@ def _rec(seq: int) -> OpMetrics:
     ({"peer_ranks": [1, 2], "peer_done_ns": [5, 6]}, "go together"),
     ({"peer_ranks": [1], "peer_done_ns": [-1], "peer_bytes": [8], "peer_expected_bytes": [8]}, "negative"),
     ({"peer_ranks": [1], "peer_done_ns": [11], "peer_bytes": [8], "peer_expected_bytes": [8]}, "after the record's end"),
+    ({"v": 2, "peer_start_ns": [0]}, "needs the other per-peer figures"),
+    ({"v": 2, "peer_ranks": [1], "peer_done_ns": [6], "peer_bytes": [8], "peer_expected_bytes": [8],
+      "peer_start_ns": [7]}, "first byte"),
+    ({"v": 2, "peer_ranks": [1, 2], "peer_done_ns": [6, 6], "peer_bytes": [8, 8], "peer_expected_bytes": [8, 8],
+      "peer_start_ns": [0]}, "of their length"),
+    ({"peer_ranks": [1], "peer_done_ns": [6], "peer_bytes": [8], "peer_expected_bytes": [8], "peer_start_ns": [0]},
+     r"in v=1; it needs v>=2"),
 ])
 def test_per_peer_figures_are_checked_alone_and_packed(change: dict, why: str) -> None:
     good = orjson.loads(records.encode_op_metrics_packed([_rec(1), _rec(2)]))
@@ -88,5 +95,9 @@ def test_per_peer_figures_are_checked_alone_and_packed(change: dict, why: str) -
         records.op_metrics_from_dict(good, "m")
     with pytest.raises(DecodeError, match=why):
         OpMetrics.from_dict(good["records"][1], "m")
-    ok = dict(good["records"][1], peer_ranks=[1], peer_done_ns=[10], peer_bytes=[8], peer_expected_bytes=[8])
+    ok = dict(good["records"][1], v=1, peer_ranks=[1], peer_done_ns=[10], peer_bytes=[8], peer_expected_bytes=[8])
+    ok.pop("peer_start_ns", None)
     assert OpMetrics.from_dict(ok, "m").peer_done_ns == [10]
+    with_start = OpMetrics.from_dict(dict(ok, v=2, peer_start_ns=[3]), "m")
+    assert with_start.peer_start_ns == [3] and with_start.wire_version() == 2
+    assert OpMetrics.from_dict(ok, "m").wire_version() == 1  # without it: v1, as before

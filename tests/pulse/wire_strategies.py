@@ -107,15 +107,18 @@ def _fix_op(v: dict[str, Any], draw: st.DrawFn) -> None:
 def _fix_metrics(v: dict[str, Any], draw: st.DrawFn) -> None:
     if v["end_ns"] < v["start_ns"]:
         v["start_ns"], v["end_ns"] = v["end_ns"], v["start_ns"]
-    # per-peer figures come as three lists of one length, or not at all
+    # per-peer figures come as lists of one length, or not at all; their first bytes are
+    # optional beside them (producers before them omit it)
     if v["peer_ranks"] is None:
-        v["peer_done_ns"] = v["peer_bytes"] = v["peer_expected_bytes"] = None
+        v["peer_done_ns"] = v["peer_bytes"] = v["peer_expected_bytes"] = v["peer_start_ns"] = None
     else:
         n = len(v["peer_ranks"])
         v["peer_ranks"] = [abs(x) for x in v["peer_ranks"]]
         v["peer_done_ns"] = draw(st.lists(st.integers(0, v["duration_ns"]), min_size=n, max_size=n))
         v["peer_bytes"] = draw(st.lists(st.integers(0, 1 << 62), min_size=n, max_size=n))
         v["peer_expected_bytes"] = draw(st.lists(st.integers(0, 1 << 62), min_size=n, max_size=n))
+        if v["peer_start_ns"] is not None:
+            v["peer_start_ns"] = [draw(st.integers(0, d)) for d in v["peer_done_ns"]]
 
 
 def _fix_verdict(v: dict[str, Any], draw: st.DrawFn) -> None:

@@ -22,31 +22,36 @@ def _info(flow_peers: list[int] | None) -> OpInfo:
                   flow_peers=flow_peers)
 
 
-def _naive(peers: list[int], first: int, end: list[int], vol: list[int], epoch: int):
+def _naive(peers: list[int], first: int, start: list[int], end: list[int], vol: list[int], epoch: int):
     out: dict[int, list[int]] = {}
-    for p, e, v in zip(peers, end, vol, strict=True):
-        last, nb, want = out.get(p, [first, 0, 0])
-        out[p] = [max(last, e), nb + v, want + 1]  # _info declares 1 byte per flow
+    for p, s, e, v in zip(peers, start, end, vol, strict=True):
+        last, nb, want, begin = out.get(p, [first, 0, 0, s])
+        out[p] = [max(last, e), nb + v, want + 1, min(begin, s)]  # _info declares 1 byte per flow
     ks = sorted(out)
-    return ks, [(out[k][0] + 1 - first) * epoch for k in ks], [out[k][1] for k in ks], [out[k][2] for k in ks]
+    return (ks, [(out[k][0] + 1 - first) * epoch for k in ks], [out[k][1] for k in ks], [out[k][2] for k in ks],
+            [(out[k][3] - first) * epoch for k in ks])
 
 
-@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 50), st.integers(0, 1 << 40)), min_size=1, max_size=24),
+@given(st.lists(st.tuples(st.integers(0, 7), st.integers(0, 25), st.integers(0, 25), st.integers(0, 1 << 40)),
+                min_size=1, max_size=24),
        st.integers(0, 10), st.sampled_from([1, 16_000, 96_000]))
 def test_peer_figures_match_a_naive_reduction(flows, first, epoch):
-    peers = [p for p, _, _ in flows]
-    end = [first + e for _, e, _ in flows]
-    vol = [v for _, _, v in flows]
-    got = peer_figures(_info(peers), first, np.array(end, np.int64), np.array(vol, np.int64), epoch)
-    assert got == _naive(peers, first, end, vol, epoch)
+    peers = [p for p, _, _, _ in flows]
+    start = [first + s for _, s, _, _ in flows]
+    end = [first + s + d for _, s, d, _ in flows]
+    vol = [v for _, _, _, v in flows]
+    got = peer_figures(_info(peers), first, np.array(start, np.int64), np.array(end, np.int64),
+                       np.array(vol, np.int64), epoch)
+    assert got == _naive(peers, first, start, end, vol, epoch)
 
 
 def test_no_figures_for_other_operators_or_a_flow_that_never_started():
+    start = np.array([0, 2], np.int64)
     end = np.array([3, 4], np.int64)
     vol = np.array([10, 10], np.int64)
-    assert peer_figures(_info(None), 0, end, vol, 1) is None
-    assert peer_figures(_info([1, 2]), -1, end, vol, 1) is None
-    assert peer_figures(_info([1, 2]), 2, np.array([3, -1], np.int64), vol, 1) is None
+    assert peer_figures(_info(None), 0, start, end, vol, 1) is None
+    assert peer_figures(_info([1, 2]), -1, start, end, vol, 1) is None
+    assert peer_figures(_info([1, 2]), 2, np.array([2, -1], np.int64), np.array([3, -1], np.int64), vol, 1) is None
 
 
 def test_sim_all_to_all_records_carry_consistent_peer_figures(sim_traces):
@@ -59,4 +64,6 @@ def test_sim_all_to_all_records_carry_consistent_peer_figures(sim_traces):
         assert sum(m.peer_bytes) == m.volume_bytes  # type: ignore[arg-type]
         assert sum(m.peer_expected_bytes) == m.expected_bytes  # type: ignore[arg-type]
         assert max(m.peer_done_ns) == m.end_ns - m.start_ns  # type: ignore[arg-type]
+        assert min(m.peer_start_ns) == 0  # type: ignore[arg-type]
+        assert all(0 <= a < b for a, b in zip(m.peer_start_ns, m.peer_done_ns, strict=True))  # type: ignore[arg-type]
     assert all(m.peer_ranks is None for m in recs if m.kind != "GroupP2P")
