@@ -11,14 +11,20 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .params import LocalizeParams
-from .robust import MAD_TO_SIGMA, mad, median
+from .robust import MAD_TO_SIGMA, leave_one_out_medians, mad, median
 
 
 class LateBaselines:
-    """Lateness against each rank's own history. A rank's issue lag (its issue minus its
-    peers' median issue, each on its node's clock) holds the offset between their clocks
-    and any lag its place in the job gives it: both constant, so its rise above the rank's
-    own baseline (the median of its first ``late_base_ops``) holds neither. Whether a rise
+    """Lateness against each rank's own history. A rank's issue minus its operator's median
+    issue (each on its node's clock) holds its clock's offset and any lag its place in the
+    job gives it: both constant, learned per rank as its offset (the median over its first
+    ``late_base_ops`` operators). A rank's rise is its issue less its offset, against the
+    median of its peers' issues less theirs: on one corrected timeline, so its peers'
+    median is a healthy rank's whatever order their clocks put them in (read on the raw
+    clocks, a straggler whose clock sits among its peers' is the median of the others for
+    some of them, and moves their lags by its whole lateness: sweep 157 #11, a GPU at x1.27
+    in 4-rank all-to-alls under 5 ms of skew, two of its three peers at -0.7 ms whenever it
+    rose 0.7 ms, and the recent rises lifted the threshold to 4-5 ms). Whether a rise
     is late is judged against the job's own healthy spread, per communicator shape, taken
     two ways, the larger counting: how far the ranks' issue lags strayed from their
     baselines over those first operators (the period the baselines assume healthy: later,
@@ -32,8 +38,10 @@ class LateBaselines:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self._first: dict[tuple[str, int], list[float]] = {}
-        self.base: dict[tuple[str, int], float] = {}
-        """(comm, rank) -> its baseline issue lag (ns)."""
+        self.offset: dict[tuple[str, int], float] = {}
+        """(comm, rank) -> its usual issue minus its operator's median issue (ns): its
+        clock's offset and its place in the job."""
+        self._memo: tuple[tuple[object, ...], dict[int, float]] | None = None
         self.spread: dict[tuple[int, bool], deque[float]] = defaultdict(
             lambda: deque(maxlen=p.late_spread_size))
         """communicator shape -> its ranks' issue lags over their baseline operators, less
@@ -94,37 +102,56 @@ class LateBaselines:
             sigma = max(sigma, MAD_TO_SIGMA * mad(x))
         return max(self.p.late_spread_k * sigma, self.p.late_floor_epochs * epoch_ns)
 
+    def rises_of(self, comm: str, ordered: list[OpMetrics], lags: list[tuple[int, float]]) -> dict[int, float]:
+        """Per record index (of ``lags``, the operator's ranks with an issue time) whose rank
+        has its offset: its issue less its offset, minus the median of the same over the
+        other such ranks (none below two)."""
+        # asked up to three times per operator (its lateness, its step, its weak rises)
+        key = (comm, ordered[0].seq, len(self.offset), tuple(r.t_host_ns for r in ordered))
+        if self._memo is not None and self._memo[0] == key:
+            return self._memo[1]
+        known = [(i, o) for i, _ in lags if (o := self.offset.get((comm, ordered[i].rank))) is not None]
+        out: dict[int, float] = {}
+        if len(known) >= 2:
+            u = np.array([float(ordered[i].t_host_ns) - o for i, o in known])  # type: ignore[arg-type]
+            out = dict(zip([i for i, _ in known], (u - leave_one_out_medians(u)).tolist(), strict=True))
+        self._memo = (key, out)
+        return out
+
     def judge(self, comm: str, ordered: list[OpMetrics],
               lags: list[tuple[int, float]]) -> list[tuple[int, float, float]]:
-        """(record index, issue lag, baseline) of the ranks whose issue lag rose above their
-        baseline by more than the threshold (read before this operator's rises join the
-        spread); ranks still gathering their baseline add to it."""
+        """(record index, issue lag, reference) of the ranks whose rise (:meth:`rises_of`) is
+        above the threshold (read before this operator's rises join the spread), the
+        reference being the lag that would have been no rise; ranks still gathering their
+        offset add to it."""
         if not lags:
             return []
         shape = self.shape(ordered[0])
         # the threshold is at least late_floor_epochs epochs: below that no rise needs it
         # (it costs two medians over the spread and the recent rises)
         floor = self.p.late_floor_epochs * ordered[0].epoch_ns
-        base_of = self.base.get
-        need = any((b := base_of((comm, ordered[i].rank))) is not None and lag - b >= floor for i, lag in lags)
+        risen = self.rises_of(comm, ordered, lags)
+        need = any(x >= floor for x in risen.values())
         coupled = self.coupled(shape[0])
         shared = self.threshold(shape, ordered[0].epoch_ns) if need and not coupled else None
         ths: dict[str, float | None] = {}
         rises: list[float] = []
         out: list[tuple[int, float, float]] = []
+        mid = median([float(ordered[i].t_host_ns) for i, _ in lags])  # type: ignore[arg-type]
         for i, lag in lags:
             key = (comm, ordered[i].rank)
-            base = self.base.get(key)
-            if base is None:
+            if key not in self.offset:
                 first = self._first.setdefault(key, [])
-                first.append(lag)
+                first.append(float(ordered[i].t_host_ns) - mid)  # type: ignore[arg-type]
                 if len(first) >= self.p.late_base_ops:
-                    self.base[key] = median(first)
-                    self.spread[shape].extend(x - self.base[key] for x in first)
+                    off = self.offset[key] = median(first)
+                    self.spread[shape].extend(x - off for x in first)
                     self._spread_n[shape] = self._spread_n.get(shape, 0) + 1
                     del self._first[key]
                 continue
-            rise = lag - base
+            rise = risen.get(i)
+            if rise is None:
+                continue
             rises.append(rise)
             th = shared
             if coupled and rise >= floor:
@@ -133,7 +160,7 @@ class LateBaselines:
                     ths[node] = self.threshold(shape, ordered[0].epoch_ns, node)
                 th = ths[node]
             if th is not None and rise >= th:
-                out.append((i, lag, base))
+                out.append((i, lag, lag - rise))
         if coupled:
             self.rises[shape].extend(rises)
             nodes = frozenset(r.node for r in ordered)

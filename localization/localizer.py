@@ -209,14 +209,13 @@ class Localizer:
         its ranks' rises above their baselines and the compute-gap veto. Asked before
         this operator's ends are recorded (the veto reads the previous operator's)."""
         ev, p = self.ev, self.p
-        base = ev.late_base.base
         lag_of = dict(lags)
-        rises = {i: lag - b for i, lag in lags if (b := base.get((comm, ordered[i].rank))) is not None}
+        rises = ev.late_base.rises_of(comm, ordered, lags)
 
         def finding(i: int) -> Finding:
             r = ordered[i]
             return Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag_of[i],
-                           base[(comm, r.rank)], ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i],
+                           lag_of[i] - rises[i], ISSUE_LAG, r.start_ns, r.end_ns, view.peer_eps[i],
                            r.flows, r.epoch_ns)
 
         ev.late_stragglers.observe(comm, ordered, rises, finding, lambda f: late_explained(ev, p, comm, seq, f, ordered))
@@ -226,7 +225,7 @@ class Localizer:
         ``late_weak_sigmas`` of the job's healthy spread for the operator's shape (the
         full threshold over ``late_spread_k``, its floor included)."""
         base = self.ev.late_base
-        rises = [(i, lag - b) for i, lag in lags if (b := base.base.get((comm, ordered[i].rank))) is not None]
+        rises = list(base.rises_of(comm, ordered, lags).items())
         # the threshold is at least its floor: below that share of it no rise counts, and
         # the spread's medians are not worth computing
         least = self.p.late_weak_sigmas / self.p.late_spread_k * self.p.late_floor_epochs * ordered[0].epoch_ns
