@@ -42,10 +42,13 @@ class LateBaselines:
         """(comm, rank) -> its usual issue minus its operator's median issue (ns): its
         clock's offset and its place in the job."""
         self._memo: tuple[tuple[object, ...], dict[int, float]] | None = None
+        self._first_ops: dict[str, deque[dict[int, float]]] = defaultdict(
+            lambda: deque(maxlen=4 * p.late_base_ops))
+        """comm -> its operators' issue times by rank while some rank learns its offset."""
         self.spread: dict[tuple[int, bool], deque[float]] = defaultdict(
             lambda: deque(maxlen=p.late_spread_size))
-        """communicator shape -> its ranks' issue lags over their baseline operators, less
-        their baselines (the newest ``late_spread_size``)."""
+        """communicator shape -> its ranks' rises over the operators their offsets were
+        learned from (the newest ``late_spread_size``)."""
         self.rises: dict[tuple[int, bool], deque[float]] = defaultdict(
             lambda: deque(maxlen=p.late_spread_size))
         """communicator shape -> the newest rises of its ranks above their baselines."""
@@ -102,6 +105,21 @@ class LateBaselines:
             sigma = max(sigma, MAD_TO_SIGMA * mad(x))
         return max(self.p.late_spread_k * sigma, self.p.late_floor_epochs * epoch_ns)
 
+    def _baseline_spread(self, comm: str, shape: tuple[int, bool], learned: list[int]) -> None:
+        """The rises ``learned`` ranks (their offsets just known) had over the operators
+        their offsets were learned from, measured as later ones are: the shape's healthy
+        spread."""
+        for t in self._first_ops.get(comm, ()):
+            ranks = [r for r in t if (comm, r) in self.offset]
+            if len(ranks) < 2 or not any(r in learned for r in ranks):
+                continue
+            u = np.array([t[r] - self.offset[(comm, r)] for r in ranks])
+            dev = (u - leave_one_out_medians(u)).tolist()
+            self.spread[shape].extend(d for r, d in zip(ranks, dev, strict=True) if r in learned)
+        self._spread_n[shape] = self._spread_n.get(shape, 0) + len(learned)
+        if not any(k[0] == comm for k in self._first):
+            self._first_ops.pop(comm, None)
+
     def rises_of(self, comm: str, ordered: list[OpMetrics], lags: list[tuple[int, float]]) -> dict[int, float]:
         """Per record index (of ``lags``, the operator's ranks with an issue time) whose rank
         has its offset: its issue less its offset, minus the median of the same over the
@@ -137,16 +155,19 @@ class LateBaselines:
         ths: dict[str, float | None] = {}
         rises: list[float] = []
         out: list[tuple[int, float, float]] = []
-        mid = median([float(ordered[i].t_host_ns) for i, _ in lags])  # type: ignore[arg-type]
+        issued = {ordered[i].rank: float(ordered[i].t_host_ns) for i, _ in lags}  # type: ignore[arg-type]
+        learned: list[int] = []
+        if any((comm, r) not in self.offset for r in issued):
+            self._first_ops[comm].append(issued)
+            mid = median(list(issued.values()))
         for i, lag in lags:
             key = (comm, ordered[i].rank)
             if key not in self.offset:
                 first = self._first.setdefault(key, [])
-                first.append(float(ordered[i].t_host_ns) - mid)  # type: ignore[arg-type]
+                first.append(issued[key[1]] - mid)
                 if len(first) >= self.p.late_base_ops:
-                    off = self.offset[key] = median(first)
-                    self.spread[shape].extend(x - off for x in first)
-                    self._spread_n[shape] = self._spread_n.get(shape, 0) + 1
+                    self.offset[key] = median(first)
+                    learned.append(key[1])
                     del self._first[key]
                 continue
             rise = risen.get(i)
@@ -161,6 +182,8 @@ class LateBaselines:
                 th = ths[node]
             if th is not None and rise >= th:
                 out.append((i, lag, lag - rise))
+        if learned:
+            self._baseline_spread(comm, shape, learned)
         if coupled:
             self.rises[shape].extend(rises)
             nodes = frozenset(r.node for r in ordered)

@@ -244,3 +244,16 @@ def test_a_straggler_whose_clock_sits_among_its_peers_does_not_move_their_rises(
     assert hits >= 95
     th = lb.threshold((4, True), synth.EPOCH)
     assert th is not None and th < 0.5 * MS
+
+
+def test_the_baseline_spread_is_measured_as_the_rises_are():
+    # two ranks, clocks 6 ms apart, each jittering by 50 us: a rise is the change of their
+    # difference (sigma ~71 us), and so is the spread of the baseline operators - not the
+    # deviation from the pair's mean, half of it, which would halve the threshold
+    p = LocalizeParams(late_base_ops=16, late_spread_min=16, late_spread_k=6.0, late_floor_epochs=2.0)
+    lb = LateBaselines(p)
+    rng = np.random.default_rng(13)
+    for _ in range(16):
+        _op(lb, "dp0", [0, 1], np.array([-3 * MS, 3 * MS]) + rng.normal(0, 50_000, 2))
+    th = lb.threshold((2, False), synth.EPOCH)
+    assert th is not None and 300_000 < th < 700_000
