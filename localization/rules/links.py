@@ -238,6 +238,13 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
                 # sends back into the same NICs of node-01 ran clean; node-01 was named).
                 return {}
             return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+        if host_ends:
+            # Slow both ways, but one end's sends far more than what it receives (a path
+            # slows both directions alike): that end's starved host fits, its receives
+            # stretched by its late consumption, and the host rule waits for its receivers'
+            # capacity to be shown (sweep 173 #5: a host at 28 % of its CPU, its pipeline
+            # sends at 5.8x, its partner's sends into it at 2x; named a path).
+            return {}
         return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
         return {}

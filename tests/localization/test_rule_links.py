@@ -532,3 +532,19 @@ def test_a_sender_whose_nics_receive_cleanly_is_not_named_for_its_slow_sends():
     # x seen receiving cleanly only on its NIC that sends nothing slow: the others still fit
     got = slow_link_hypotheses(slow, ring_in | {(ep("y", 7), ep("x", 7))}, P, rates)
     assert list(got) == [("network-slow", ("x",))]
+
+
+def test_slow_both_ways_but_far_more_out_of_one_end_is_no_path():
+    # sweep 173 #5: x's host starved; its pipeline sends into y at 5.8x on 4 NICs, y's sends
+    # into x at 2x on 2 (x consumes late); both talk cleanly with third nodes, but only in
+    # all-to-alls (no one-peer rate): x's host fits, not the path {x, y}
+    out = {(ep("x", k), ep("y", k)): slow_link(ep("x", k), ep("y", k), 6, excess=4.8, comm=f"c{k}") for k in range(4)}
+    back = {(ep("y", k), ep("x", k)): slow_link(ep("y", k), ep("x", k), 6, excess=1.0, comm=f"c{k}") for k in (0, 2)}
+    clean = {(ep("x", k), ep("z", k)) for k in range(4)} | {(ep("z", k), ep("x", k)) for k in range(4)}
+    clean |= {(ep("y", k), ep("w", k)) for k in range(4)} | {(ep("w", k), ep("y", k)) for k in range(4)}
+    rates = ({k: 6.0 for k in out | back}, dict.fromkeys(clean, 30.0), dict.fromkeys(clean, -1.0))
+    assert slow_link_hypotheses(out | back, clean, P, rates) == {}
+    # slowed alike both ways, as a path does, both ends shown faster elsewhere: the path
+    both = {(ep("y", k), ep("x", k)): slow_link(ep("y", k), ep("x", k), 6, excess=4.8, comm=f"c{k}") for k in range(4)}
+    shown = ({k: 6.0 for k in out | both}, dict.fromkeys(clean, 30.0), dict.fromkeys(clean, 30.0))
+    assert list(slow_link_hypotheses(out | both, clean, P, shown)) == [("path", ("x", "y"))]
