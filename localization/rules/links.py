@@ -282,17 +282,21 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
 
 
 def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:
-    """Whether a member of the group is in it only by its own relay records slow by timing
-    alone (a tree relay sending to several peers at once): a relay forwards at the pace its
-    inputs arrive, so a fault upstream stretches it wherever it sits in the tree, and
-    nothing sent into it nor resent says its NIC is at fault. Sweep 139 #7 (packet loss on
+    """Whether a member of the group is in it only by relay records slow by timing alone
+    (tree relays sending to several peers at once, its own or with it as a peer): a relay
+    forwards at the pace its inputs arrive, so a fault upstream stretches it wherever it
+    sits in the tree, and nothing sent into it nor resent says its NIC is at fault. Sweep 139 #7 (packet loss on
     node-00 under a 14-node tree): node-06's relay records to three exonerated peers went
     slow by ACT after node-00's, and the pair was named a path with no link between them."""
     sets = [(f, record_nodes(f)) for f in hits]
     for g in grp:
         others = set(grp) - {g}
         own = [f for f, ns in sets if g in ns and not ns & others]
-        if own and all(f.node == g and len(f.peer_eps) > 1 and f.flows > 1 and f.timing_only() for f in own):
+        if own and all(len(f.peer_eps) > 1 and f.flows > 1 and f.timing_only() for f in own):
+            # its own relays or another node's relays with it among their peers (sweep 173
+            # #13: a NIC at 43 % on node-13 in a 16-node tree, named; then node-11, in the
+            # group only by its own relay and by node-09's relay into it, both paced by
+            # node-13's slow data, named a path with node-05, node-13's pipeline partner)
             return True
     return False
 

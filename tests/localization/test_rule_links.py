@@ -548,3 +548,30 @@ def test_slow_both_ways_but_far_more_out_of_one_end_is_no_path():
     both = {(ep("y", k), ep("x", k)): slow_link(ep("y", k), ep("x", k), 6, excess=4.8, comm=f"c{k}") for k in range(4)}
     shown = ({k: 6.0 for k in out | both}, dict.fromkeys(clean, 30.0), dict.fromkeys(clean, 30.0))
     assert list(slow_link_hypotheses(out | both, clean, P, shown)) == [("path", ("x", "y"))]
+
+
+def test_a_member_only_in_relays_paced_by_their_inputs_joins_no_group():
+    # sweep 173 #13: a NIC at 43 % on x (16-node tree, 2 stages), named; then a path {y, m}:
+    # y is x's pipeline partner (slow both ways with x), m was in the slow records only by
+    # its own relay (to r, a, x, c) and by r's relay into it (to a, b, m), both slow by
+    # timing alone, paced by x's slow data. A relay's pace is its inputs': m joins no group.
+    from dataclasses import replace
+
+    def relay(src: str, to: tuple[str, ...]) -> dict:
+        peers = tuple(ep(d) for d in to)
+        return {(ep(src), d): [replace(f, peer_eps=peers, flows=len(peers)) for f in slow_link(ep(src), d, 6, comm="t")]
+                for d in peers}
+
+    slow = {(ep("x"), ep("y")): slow_link(ep("x"), ep("y"), 6, comm="pp"),
+            (ep("y"), ep("x")): slow_link(ep("y"), ep("x"), 6, comm="pp"),
+            **relay("r", ("a", "b", "m")), **relay("m", ("r", "a", "x", "c"))}
+    # x (its other NICs), r, a, b, c talk cleanly with third nodes both ways; m only sends
+    # cleanly to one; y is seen with nobody else
+    clean = {(ep(o), ep(n)) for n in ("a", "b", "c", "r", "x") for o in ("g", "h")}
+    clean |= {(ep(n), ep(o)) for n in ("a", "b", "c", "r", "x") for o in ("g", "h")}
+    clean |= {(ep("m"), ep("g")), (ep("g"), ep("h"))}
+    assert slow_link_hypotheses(slow, clean, P) == {}
+    # m's own relay resending bytes is its NIC's doing, not its inputs' pace: the group stands
+    resent = {**slow, **{k: [replace(f, metric="volume_ratio") for f in fs]
+                         for k, fs in relay("m", ("r", "a", "x", "c")).items()}}
+    assert list(slow_link_hypotheses(resent, clean, P)) == [("path", ("m", "y"))]
