@@ -575,3 +575,24 @@ def test_a_member_only_in_relays_paced_by_their_inputs_joins_no_group():
     resent = {**slow, **{k: [replace(f, metric="volume_ratio") for f in fs]
                          for k, fs in relay("m", ("r", "a", "x", "c")).items()}}
     assert list(slow_link_hypotheses(resent, clean, P)) == [("path", ("m", "y"))]
+
+
+def test_a_starved_hosts_all_to_all_sends_do_not_clear_it():
+    # sweep 157 #14: x's host at 30 % of its CPU; its pipeline sends into y at 3.4x on 4
+    # NICs, busy through their span (posts every ~47 us, under the 96 us epoch); its
+    # all-to-all sends ran at their pace and beat the slow links; y is seen receiving only
+    # from all-to-all senders (rate unknown). By elimination y's cap was named. A send over
+    # many connections keeps its pace under a starved proxy: only one-peer sends clear it.
+    slow = {(ep("x", k), ep("y", k)): [finding(ACT, "x", comm=f"c{k}", seq=i, endpoint=ep("x", k), value=1632.0,
+                                               ref=480.0, start=i * MS, end=i * MS + 1632, to=(ep("y", k),))
+                                       for i in range(6)] for k in range(4)}
+    a2a_out = {(ep("x", k), ep("z", k)) for k in range(4)}
+    a2a_in = {(ep("w", k), ep("y", k)) for k in range(4)}
+    rates = (dict.fromkeys(slow, 5.5), {**dict.fromkeys(a2a_out, 16.5), **dict.fromkeys(a2a_in, 17.0)},
+             {**dict.fromkeys(a2a_out, -1.0), **dict.fromkeys(a2a_in, -1.0)})
+    got = slow_link_hypotheses(slow, a2a_out | a2a_in, P, rates)
+    assert ("network-slow", ("y",)) not in got and got == {}
+    # x's one-peer sends elsewhere beat the slow links: its host is cleared, y's cap named
+    one_peer = {(ep("x", k), ep("v", k)) for k in range(4)}
+    rates = (rates[0], {**rates[1], **dict.fromkeys(one_peer, 20.0)}, {**rates[2], **dict.fromkeys(one_peer, 20.0)})
+    assert list(slow_link_hypotheses(slow, a2a_out | a2a_in | one_peer, P, rates)) == [("network-slow", ("y",))]
