@@ -271,11 +271,11 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
 
 
 def _judge_resent(view: OpView, p: LocalizeParams, out: Judgement) -> None:
-    """Resent bytes alone, for an operator whose ACT says nothing (no reference yet): bytes counted are bytes, whatever
-    the epoch, and go-back-N resends whole windows (sweep 67 #8: 1 MB tree buckets of two
-    128 us epochs, a link at 1.4 % loss, every record of its node resending 1.5-2.7x its
-    bytes, and nothing judged). Only the resending records' links are observed: a link
-    whose timing was not compared is not seen clean."""
+    """Resent bytes alone, for an operator whose ACT says nothing (no reference yet): bytes
+    counted are bytes, whatever the epoch, and go-back-N resends whole windows (sweep 67
+    #8: 1 MB tree buckets of two 128 us epochs, a link at 1.4 % loss, every record of its
+    node resending 1.5-2.7x its bytes, and nothing judged). Only the resending records'
+    links are observed: a link whose timing was not compared is not seen clean."""
     for i, r in enumerate(view.recs):
         if r.expected_bytes > 0 and r.volume_bytes >= (1.0 + p.vol_excess) * r.expected_bytes:
             f = _finding(view, i, ACT, "volume_ratio", r.volume_bytes / r.expected_bytes, 1.0)
@@ -419,10 +419,8 @@ def _waited_for_receiver(idx: list[int], begin: np.ndarray, done: np.ndarray, id
         ks = np.flatnonzero(ix == i)
         if begin[ks[0]] < 0:
             out[ks] = src[ks[0]] in idle
-            continue
-        for k in ks:
-            others = done[ks[ks != k]]
-            out[k] = others.size > 0 and begin[k] >= float(np.median(others))
+        elif ks.size > 1:
+            out[ks] = begin[ks] >= leave_one_out_medians(done[ks])
     return out
 
 

@@ -285,9 +285,10 @@ def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:
     """Whether a member of the group is in it only by relay records slow by timing alone
     (tree relays sending to several peers at once, its own or with it as a peer): a relay
     forwards at the pace its inputs arrive, so a fault upstream stretches it wherever it
-    sits in the tree, and nothing sent into it nor resent says its NIC is at fault. Sweep 139 #7 (packet loss on
-    node-00 under a 14-node tree): node-06's relay records to three exonerated peers went
-    slow by ACT after node-00's, and the pair was named a path with no link between them."""
+    sits in the tree, and nothing sent into it nor resent says its NIC is at fault. Sweep
+    139 #7 (packet loss on node-00 under a 14-node tree): node-06's relay records to three
+    exonerated peers went slow by ACT after node-00's, and the pair was named a path with
+    no link between them."""
     sets = [(f, record_nodes(f)) for f in hits]
     for g in grp:
         others = set(grp) - {g}
