@@ -26,8 +26,9 @@ from typing import Any
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, node_of
-from ..finding import ABSENT, Finding
+from ..finding import ABSENT, STALL, Finding
 from ..params import LocalizeParams
+from ..robust import median
 
 
 def waits_on_recv(ev: Evidence, p: LocalizeParams) -> tuple[set[str], list[Finding]]:
@@ -276,6 +277,13 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
             best = tied[0]
     if len(tied) > 1 and sent.get(best, 0) > max(sent.get(n, 0) for n in tied[1:]):
         tied = [best]
+    if len(tied) > 1:
+        # a ring stalls all round, every node on as many stalled links as the next: where
+        # its bytes piled up says which link broke
+        blocked = ring_break(first)
+        if blocked is not None and blocked[1] in tied:
+            tied = [blocked[1]]
+            extra["ring_blocked_sender"] = blocked[0]
     if len(tied) == 1:
         best = tied[0]
         own = [f for f in first if f.node == best] or first
@@ -286,6 +294,55 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     # named before node-02's pipeline send, stalled at the same instant, singled it out).
     # The stalls that follow, or a third party's traffic, decide later.
     return {}
+
+
+def ring_break(first: list[Finding]) -> tuple[str, str] | None:
+    """(blocked sender, its receiver) of a ring collective that stalled all round, or None.
+
+    A ring rank forwards what it received (plus its own share): walked along the ring, the
+    stalled ranks' sent fractions rise by about a step per hop from the break on. The rank
+    whose receiver stopped taking bytes holds what its predecessor sent it and cannot pass
+    it on: it sent far less than it received (sweep 181 #0: a NIC dead mid-AllReduce in an
+    11-rank ring, every rank stalled at 81-92 % within 0.1 ms - far inside the skew bound -
+    its predecessor's sender 6.7 MB short of what it was given, every other rank at most
+    0.07 MB). Its receiver is the dead end either way: a dead receiving NIC stops taking
+    bytes, and a dead NIC's node also stops its own sends only as far as it was given (its
+    predecessor, blocked into it, is the one short). Back-pressure (a rank's buffers full
+    behind a blocked successor) leaves each rank behind it short of one buffer at most.
+    Only each communicator's first stalled operator, a single cycle of one-peer ranks, and
+    only when the largest shortfall exceeds every other one by more than the ring's median
+    hop difference (a break at the very start piles nothing up: no answer)."""
+    first_seq: dict[str, int] = {}
+    for f in first:
+        first_seq[f.comm_id] = min(first_seq.get(f.comm_id, f.seq), f.seq)
+    ops: dict[tuple[str, int], list[Finding]] = {}
+    for f in first:
+        if f.kind == STALL and f.seq == first_seq[f.comm_id]:
+            ops.setdefault((f.comm_id, f.seq), []).append(f)
+    found: set[tuple[str, str]] = set()
+    for recs in ops.values():
+        by_ep = {f.endpoint: f for f in recs}
+        if len(recs) < 3 or len(by_ep) != len(recs) or any(
+                len(f.peer_eps) != 1 or f.peer_eps[0] not in by_ep for f in recs):
+            continue
+        pred = {f.peer_eps[0]: f for f in recs}
+        if len(pred) != len(recs) or not _one_cycle(recs, by_ep):
+            continue
+        short = sorted(((pred[f.endpoint].value - f.value, f) for f in recs), key=lambda sf: sf[0])
+        step = median([abs(s) for s, _f in short])
+        top, f = short[-1]
+        if top > 0 and top - short[-2][0] > step:
+            found.add((f.node, node_of(f.peer_eps[0])))
+    return next(iter(found)) if len(found) == 1 else None
+
+
+def _one_cycle(recs: list[Finding], by_ep: dict[str, Finding]) -> bool:
+    f, seen = recs[0], 0
+    while seen < len(recs):
+        f, seen = by_ep[f.peer_eps[0]], seen + 1
+        if f is recs[0]:
+            break
+    return seen == len(recs) and f is recs[0]
 
 
 def stop_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:

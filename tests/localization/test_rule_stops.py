@@ -371,3 +371,34 @@ def test_sends_into_a_receiver_that_posted_nothing_give_way_to_the_stalls_of_pos
     # C's own exchange with B stalled part-way: C is stuck, not hung
     ev.stops.stalls.append(stall(C, B, sent=0.6, end=12 * MS))
     assert list(stop_hypotheses(ev, p)) == [("network-stop", (B,))]
+
+
+def _ring_stalls(sent: dict[str, float]) -> list:
+    """One ring operator stalled at every rank (each sending to the next node in ``sent``'s
+    order) with the given sent fractions, and the next operator queued behind it, empty."""
+    nodes = list(sent)
+    out = []
+    for seq, frac in ((4, sent), (5, dict.fromkeys(nodes, 0.0))):
+        for i, n in enumerate(nodes):
+            out.append(finding(STALL, n, seq=seq, rank=i, value=frac[n], metric="sent_fraction",
+                               start=9 * MS, end=10 * MS + i * 1000, to=(ep(nodes[(i + 1) % len(nodes)]),)))
+    return out
+
+
+def test_a_ring_stalled_all_round_names_the_receiver_of_the_rank_its_bytes_piled_up_at():
+    # sweep 181 #0: every node on as many stalled links as the next, all within the skew
+    # bound; E got 0.58 from D and passed on only 0.50: its receiver A stopped taking bytes
+    # (A itself stopped with what it had been given, B to D forward a step more each)
+    ev, p = evidence()
+    ev.stops.stalls += _ring_stalls({A: 0.50, B: 0.52, C: 0.54, D: 0.58, E: 0.50})
+    got = stop_hypotheses(ev, p)
+    assert list(got) == [("network-stop", (A,))]
+    assert got[("network-stop", (A,))].extra == {"ring_blocked_sender": E}
+
+
+def test_a_ring_that_piled_nothing_up_names_no_one():
+    # broken before any bytes moved, or shortfalls no larger than the ring's own hop steps
+    for sent in ({A: 0.0, B: 0.0, C: 0.0, D: 0.0, E: 0.0}, {A: 0.50, B: 0.52, C: 0.54, D: 0.52, E: 0.50}):
+        ev, p = evidence()
+        ev.stops.stalls += _ring_stalls(sent)
+        assert stop_hypotheses(ev, p) == {}
