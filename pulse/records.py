@@ -52,9 +52,11 @@ class OpMetrics(Record):
         Field("peer_bytes", "list[int]", required=False),
         Field("peer_expected_bytes", "list[int]", required=False),
         Field("peer_start_ns", "list[int]", required=False, since=2),
+        Field("peak_epoch_bytes", "int", required=False, since=3, bounds=NONNEG),
     )
-    VERSION = 2
-    """v2: ``peer_start_ns``; a record without it is written v1, byte for byte as before."""
+    VERSION = 3
+    """v2: ``peer_start_ns``; v3: ``peak_epoch_bytes``. A record is written at the lowest
+    version its fields need (without either, v1 byte for byte as before)."""
     job: str
     node: str
     comm_id: str
@@ -99,6 +101,13 @@ class OpMetrics(Record):
     this rank's clock). A flow starts when its receiver has posted the receive, so a flow
     that began after this rank's other flows had ended waited for a late receiver.
     Optional beside the other per-peer figures (producers before it omit it)."""
+    peak_epoch_bytes: int | None = None
+    """The most bytes the record's send flows moved in one epoch of its span (summed over
+    its flows; an epoch shared with a flow's previous or next operator counts whole: what
+    crossed the wire then). No epoch of a NIC, a PCIe link or a path capped at some rate
+    carries more than that rate allows, while a healthy one bursts to line rate whenever it
+    has the bytes: capacity evidence that pacing (late posts, a slow GPU) does not fake.
+    None when not measured (producers before v3)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -56,8 +56,8 @@ class _Run:
     vol: np.ndarray
     status: np.ndarray
     grant: np.ndarray
-    slot_rows: tuple[np.ndarray, np.ndarray]
-    """(slot index, grid epoch) of every active epoch of every slot."""
+    slot_rows: tuple[np.ndarray, np.ndarray, np.ndarray]
+    """(slot index, grid epoch, tx bytes) of every active epoch of every slot."""
     clocks: dict[str, NicClock]
 
 
@@ -152,8 +152,8 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
         epoch_ns=ens_slot, unbound_flows=sorted(unbound), extra_bytes=int(out.extra.sum()))
 
     s_idx = np.flatnonzero(started)
-    rep, act_ep = active_epochs(ep, by, counts, slot_flow[s_idx], out.start[s_idx], out.end[s_idx])
-    slot_rows = (s_idx[rep], act_ep)
+    rep, act_ep, act_tx = active_epochs(ep, by, counts, slot_flow[s_idx], out.start[s_idx], out.end[s_idx])
+    slot_rows = (s_idx[rep], act_ep, act_tx)
     return _Run(segs, slot_of, out.start, out.end, out.vol, out.status, out.grant, slot_rows, clocks)
 
 
@@ -175,14 +175,15 @@ def metrics_from_run(run: _Run, assoc: Association) -> list[OpMetrics]:
         sl = [run.slot_of[(f, k[2])] for f in info.flows]
         slot_op[sl] = op_id[k]
         slots_per_op.append(sl)
-    srow, sep = run.slot_rows
+    srow, sep, stx = run.slot_rows
     act = _metrics.union_count(slot_op[srow], sep, len(keys))
+    peak = _metrics.epoch_peaks(slot_op[srow], sep, stx, len(keys))
     out = []
     for i, k in enumerate(keys):
         info = assoc.ops[k]
         sa = np.array(slots_per_op[i], np.int64)
         out.append(_metrics.build(info, run.clocks[info.flows[0][0]], run.start[sa], run.end[sa],
-                                  run.vol[sa], run.status[sa], int(act[i]), run.grant[sa]))
+                                  run.vol[sa], run.status[sa], int(act[i]), run.grant[sa], int(peak[i])))
     out.sort(key=_metrics.sort_key)
     return out
 

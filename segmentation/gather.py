@@ -4,7 +4,8 @@ Both drivers hand the kernel the rows of many flows as one concatenation (``coun
 rows of run flow ``i``, in flow order, epochs sorted within a flow), and both need, for
 each segmented (operator, flow) slot, the epochs in which that flow actually sent bytes
 between the slot's first and last epoch: the operator's ACT is the union of those epochs
-over its flows (:func:`pulse.segmentation.metrics.union_count`).
+over its flows (:func:`pulse.segmentation.metrics.union_count`), and its busiest epoch the
+largest of their per-epoch byte sums (:func:`pulse.segmentation.metrics.epoch_peaks`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ def gather(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 
 def active_epochs(ep: np.ndarray, nbytes: np.ndarray, counts: np.ndarray, flow: np.ndarray,
-                  start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+                  start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For slots ``i`` on run flow ``flow[i]`` spanning grid epochs ``[start[i], end[i]]``:
-    (i, epoch) of every row of that flow in the span that carries tx bytes.
+    (i, epoch, tx bytes) of every row of that flow in the span that carries tx bytes.
 
     Consecutive operators of a flow share at most the epoch where one crosses its volume
     and the next starts; rx-only rows (CTS bursts) are not active epochs.
@@ -41,5 +42,6 @@ def active_epochs(ep: np.ndarray, nbytes: np.ndarray, counts: np.ndarray, flow: 
     hi = np.searchsorted(key, (flow << _FLOW_SHIFT) | (end - base), "right")
     idx = gather(lo, hi - lo)
     slot = np.repeat(np.arange(flow.size, dtype=np.int64), hi - lo)
-    active = (nbytes[idx] & TX_MASK) > 0
-    return slot[active], ep[idx[active]]
+    tx = nbytes[idx] & TX_MASK
+    active = tx > 0
+    return slot[active], ep[idx[active]], tx[active]

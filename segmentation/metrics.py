@@ -28,10 +28,26 @@ def union_count(rank_op: np.ndarray, epochs: np.ndarray, n_ops: int) -> np.ndarr
     return np.bincount(r[new], minlength=n_ops).astype(np.int64)
 
 
+def epoch_peaks(rank_op: np.ndarray, epochs: np.ndarray, tx: np.ndarray, n_ops: int) -> np.ndarray:
+    """Per rank-op id, the most bytes its (id, epoch, tx bytes) rows moved in one epoch,
+    summed over the rows of that epoch (its flows)."""
+    peak = np.zeros(n_ops, np.int64)
+    if rank_op.size == 0:
+        return peak
+    order = np.lexsort((epochs, rank_op))
+    r, e, b = rank_op[order], epochs[order], tx[order].astype(np.int64)
+    new = np.ones(r.size, bool)
+    new[1:] = (r[1:] != r[:-1]) | (e[1:] != e[:-1])
+    first = np.flatnonzero(new)
+    np.maximum.at(peak, r[first], np.add.reduceat(b, first))
+    return peak
+
+
 def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol: np.ndarray,
-          status: np.ndarray, act_epochs: int, grant: np.ndarray) -> OpMetrics:
+          status: np.ndarray, act_epochs: int, grant: np.ndarray, peak: int = 0) -> OpMetrics:
     """``start``/``end`` (grid epochs, -1 = never started), ``vol``, ``status``, ``grant``
-    (-1 = none) per flow of ``info.flows``; ``act_epochs`` = union of their active epochs."""
+    (-1 = none) per flow of ``info.flows``; ``act_epochs`` = union of their active epochs,
+    ``peak`` the most bytes they moved in one of them."""
     began = start >= 0
     first = int(start[began].min()) if began.any() else -1
     last = int(end[began].max()) if began.any() else -1
@@ -39,7 +55,8 @@ def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol
     complete = bool(np.all(status == COMPLETE))
     return build_many([info], clock, [first], [last], [int(vol.sum())], [complete], [int(act_epochs)],
                       [int(granted.min()) if granted.size else -1],
-                      [peer_figures(info, first, start, end, vol, int(clock.epoch_ns)) if complete else None])[0]
+                      [peer_figures(info, first, start, end, vol, int(clock.epoch_ns)) if complete else None],
+                      [int(peak)])[0]
 
 
 PeerFigures = tuple[list[int], list[int], list[int], list[int], list[int]]
@@ -72,11 +89,12 @@ def peer_figures(info: OpInfo, first: int, start: np.ndarray, end: np.ndarray, v
 
 def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: list[int], volume: list[int],
                complete: list[bool], act_epochs: list[int], grant: list[int],
-               peers: list[PeerFigures | None] | None = None) -> list[OpMetrics]:
+               peers: list[PeerFigures | None] | None = None, peak: list[int] | None = None) -> list[OpMetrics]:
     """Records of many operators from their reduced figures: first/last active grid epoch
     over the flows (``first`` -1 when none started), total bytes, whether every flow
-    completed, the union of their active epochs, the earliest grant epoch (-1 none) and
-    the per-peer figures of grouped P2P (Python ints and bools per argument: they go
+    completed, the union of their active epochs, the earliest grant epoch (-1 none), the
+    per-peer figures of grouped P2P and the most bytes moved in one active epoch (None or
+    0: not measured) (Python ints and bools per argument: they go
     into the records as they are). Every
     value is computed here from validated inputs, so the records are built trusted (no
     per-field validation), and each record's fields are set as one dict (what
@@ -108,6 +126,7 @@ def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: lis
         rate = vol / (act_ns * 1e-9) if act_ns > 0 else 0.0
         g = grant[i]
         pf = peers[i] if peers is not None else None
+        pk = peak[i] if peak is not None and peak[i] > 0 else None
         rec = new(OpMetrics)
         setattr_(rec, "__dict__", {
             "job": ev.job, "node": ev.node, "comm_id": ev.comm_id, "seq": ev.seq, "rank": ev.rank, "kind": ev.kind,
@@ -117,7 +136,7 @@ def build_many(infos: list[OpInfo], clock: NicClock, first: list[int], last: lis
             "group": ev.group, "t_host_ns": ev.t_host_ns, "granted_ns": g * epoch + phase if g >= 0 else None,
             "peer_ranks": pf[0] if pf else None, "peer_done_ns": pf[1] if pf else None,
             "peer_bytes": pf[2] if pf else None, "peer_expected_bytes": pf[3] if pf else None,
-            "peer_start_ns": pf[4] if pf else None})
+            "peer_start_ns": pf[4] if pf else None, "peak_epoch_bytes": pk})
         out.append(rec)
     return out
 

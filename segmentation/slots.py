@@ -47,8 +47,9 @@ class SlotTable:
         """Slots per operator id."""
         self._closed = np.zeros(0, np.int64)
         """Closed slots per operator id."""
-        self.pool = (_EMPTY, _EMPTY, _EMPTY)
-        """(uid, fid, epoch): active epochs of closed slots whose operator is not emitted yet."""
+        self.pool = (_EMPTY, _EMPTY, _EMPTY, _EMPTY)
+        """(uid, fid, epoch, tx bytes): active epochs of closed slots whose operator is not
+        emitted yet."""
 
     # ---- operator ids -----------------------------------------------------------------
     def new_uid(self, key: OpKey) -> int:
@@ -97,7 +98,7 @@ class SlotTable:
         s.live[: s.n][gone] = False
         if self.pool[0].size:
             keep = ~mark[self.pool[0]]
-            self.pool = (self.pool[0][keep], self.pool[1][keep], self.pool[2][keep])
+            self.pool = tuple(a[keep] for a in self.pool)  # type: ignore[assignment]
         self.forget(uids.tolist())
         if s.n > 1024 and s.n > 2 * int(s.col("live").sum()):
             s.keep(s.col("live").copy())
@@ -182,7 +183,7 @@ class SlotTable:
                                   strict=True))
             keep = np.array([(u, fi) in closed_keys for u, fi in
                              zip(self.pool[0].tolist(), self.pool[1].tolist(), strict=True)], bool)
-            self.pool = (self.pool[0][keep], self.pool[1][keep], self.pool[2][keep])
+            self.pool = tuple(a[keep] for a in self.pool)  # type: ignore[assignment]
 
     def close(self, cs: np.ndarray, start: np.ndarray, end: np.ndarray, vol: np.ndarray, status: np.ndarray,
               grant: np.ndarray) -> np.ndarray:
@@ -198,8 +199,8 @@ class SlotTable:
         np.add.at(self._closed, cuid, 1)
         return cuid
 
-    def pool_epochs(self, uids: np.ndarray, fids: np.ndarray, epochs: np.ndarray) -> None:
-        add = (uids, fids, epochs)
+    def pool_epochs(self, uids: np.ndarray, fids: np.ndarray, epochs: np.ndarray, tx: np.ndarray) -> None:
+        add = (uids, fids, epochs, tx)
         self.pool = tuple(np.concatenate((p, q)) for p, q in zip(self.pool, add, strict=True))  # type: ignore[assignment]
 
     def complete(self, cuid: np.ndarray) -> np.ndarray:
@@ -219,21 +220,23 @@ class SlotTable:
         ix[uids] = np.arange(uids.size)
         n = uids.size
         big = np.int64(1) << 62
-        pu, _, pe = self.pool
-        start, end, vol, grant, bad, act = reduce_slots(
+        pu, _, pe, pb = self.pool
+        start, end, vol, grant, bad, act, peak = reduce_slots(
             ix, s.col("uid"), s.col("live"), s.col("closed"), s.col("start"), s.col("end"), s.col("vol"),
-            s.col("grant"), s.col("status"), pu, pe, n, COMPLETE)
-        if act is None:
+            s.col("grant"), s.col("status"), pu, pe, pb, n, COMPLETE)
+        if act is None or peak is None:
             inp = np.zeros(pu.size, bool)
             inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
             act = _metrics.union_count(ix[pu[inp]], pe[inp], n)
+            peak = _metrics.epoch_peaks(ix[pu[inp]], pe[inp], pb[inp], n)
         # Python ints from here: numpy scalar arithmetic per record cost more than the record
-        start_l, end_l, vol_l, bad_l, act_l, grant_l = (a.tolist() for a in (start, end, vol, bad, act, grant))
+        start_l, end_l, vol_l, bad_l, act_l, grant_l, peak_l = (a.tolist() for a in (start, end, vol, bad, act,
+                                                                                   grant, peak))
         infos = [self.info[uid] for uid in order]
         out = _metrics.build_many(infos, clock,
                                   [x if x != big else -1 for x in start_l], end_l, vol_l, [b == 0 for b in bad_l],
                                   act_l, [x if x != big else -1 for x in grant_l],
-                                  self._peer_figures(uids, infos, start_l, bad_l, int(clock.epoch_ns)))
+                                  self._peer_figures(uids, infos, start_l, bad_l, int(clock.epoch_ns)), peak_l)
         ukey = self.ukey
         keys = [ukey[uid] for uid in order]
         self.drop(uids)

@@ -152,7 +152,7 @@ def trim_rows(fids: np.ndarray, row_ptr: np.ndarray, lo: np.ndarray, consumed: n
 
 
 @numba.njit(cache=True, nogil=True)
-def _reduce_kernel(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, n,
+def _reduce_kernel(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, pb, n,
                    complete):  # pragma: no cover - numba
     big = np.int64(1) << 62
     start = np.full(n, big, np.int64)
@@ -184,34 +184,49 @@ def _reduce_kernel(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, 
             emin = min(emin, pe[j])
             emax = max(emax, pe[j])
     act = np.zeros(n, np.int64)
+    peak = np.zeros(n, np.int64)
     if m == 0:
-        return start, end, vol, grant, bad, act, True
+        return start, end, vol, grant, bad, act, peak, True
     if emax - emin >= (np.int64(1) << 40) or n >= (np.int64(1) << 22):
-        return start, end, vol, grant, bad, act, False
+        return start, end, vol, grant, bad, act, peak, False
     keys = np.empty(m, np.int64)
+    tx = np.empty(m, np.int64)
     w = 0
     for j in range(pu.size):
         u = pu[j]
         if u < ix.size and ix[u] >= 0:
             keys[w] = (ix[u] << 40) | (pe[j] - emin)
+            tx[w] = pb[j]
             w += 1
-    keys.sort()
+    order = np.argsort(keys)
+    # ACT: distinct (operator, epoch) pairs; peak: the largest per-pair byte sum
+    run = np.int64(0)
     for j in range(m):
-        if j == 0 or keys[j] != keys[j - 1]:
-            act[keys[j] >> 40] += 1
-    return start, end, vol, grant, bad, act, True
+        key = keys[order[j]]
+        if j > 0 and key != keys[order[j - 1]]:
+            k = keys[order[j - 1]] >> 40
+            peak[k] = max(peak[k], run)
+            run = np.int64(0)
+        if j == 0 or key != keys[order[j - 1]]:
+            act[key >> 40] += 1
+        run += tx[order[j]]
+    k = keys[order[m - 1]] >> 40
+    peak[k] = max(peak[k], run)
+    return start, end, vol, grant, bad, act, peak, True
 
 
 def reduce_slots(ix: np.ndarray, s_uid: np.ndarray, s_live: np.ndarray, s_closed: np.ndarray, s_start: np.ndarray,
                  s_end: np.ndarray, s_vol: np.ndarray, s_grant: np.ndarray, s_status: np.ndarray, pu: np.ndarray,
-                 pe: np.ndarray, n: int, complete: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+                 pe: np.ndarray, pb: np.ndarray, n: int, complete: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None,
+                            np.ndarray | None]:
     """Per operator ``k`` (the live closed slots whose uid ``u`` has ``ix[u] == k``): first
     start and last end over its slots that started (2^62 / -2^62 when none), bytes, first
-    grant (2^62 when none), slots not complete, and the distinct pooled active epochs
-    (``pu``/``pe``: uid and epoch) - or None for the latter when epochs span 2^40 (the
-    caller counts them with ``metrics.union_count``)."""
-    start, end, vol, grant, bad, act, ok = _reduce_kernel(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol,
-                                                          s_grant, s_status, pu, pe, np.int64(n),
-                                                          np.int8(complete))
-    return start, end, vol, grant, bad, act if ok else None
+    grant (2^62 when none), slots not complete, the distinct pooled active epochs and the
+    most bytes pooled in one of them (``pu``/``pe``/``pb``: uid, epoch, tx bytes) - or None
+    for the last two when epochs span 2^40 (the caller counts them with
+    ``metrics.union_count`` and ``metrics.epoch_peaks``)."""
+    start, end, vol, grant, bad, act, peak, ok = _reduce_kernel(
+        ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, pb, np.int64(n),
+        np.int8(complete))
+    return start, end, vol, grant, bad, (act if ok else None), (peak if ok else None)

@@ -388,8 +388,8 @@ class NodeSegmenter:
         started = cpos[out.start[cpos] >= 0]
         if started.size:
             sr = slot_run[started]
-            rep, act_ep = active_epochs(ep, by, counts, sr, out.start[started], out.end[started])
-            self._slots.pool_epochs(s.uid[sidx[started]][rep], fids[sr][rep], act_ep)
+            rep, act_ep, act_tx = active_epochs(ep, by, counts, sr, out.start[started], out.end[started])
+            self._slots.pool_epochs(s.uid[sidx[started]][rep], fids[sr][rep], act_ep, act_tx)
         # per flow: next seq, rows consumed, carry, floor
         self._flows.store = trim_rows(fids, row_ptr, lo, out.consumed, out.carry, out.next_op, op_ptr, seqs, ep,
                                       (sf, se, sb), fl.floor, fl.next, fl.nrows)
@@ -420,7 +420,7 @@ def warm_up() -> None:
     _, op_ptr = select_slots(_EMPTY, ~yes, yes, _EMPTY, one, one, one, one, 1)
     trim_rows(_EMPTY, np.zeros(2, np.int64), _EMPTY, _EMPTY, _EMPTY, _EMPTY, op_ptr, _EMPTY, _EMPTY,
               (_EMPTY, _EMPTY, _EMPTY), one.copy(), one.copy(), one.copy())
-    reduce_slots(one, one, yes, yes, one, one, one, one, np.ones(1, np.int8), one, one, 1, 1)
+    reduce_slots(one, one, yes, yes, one, one, one, one, np.ones(1, np.int8), one, one, one, 1, 1)
     u32 = np.ones(1, np.uint32)
     for has_rx in (False, True):  # the types decoded batches bring
         _ingest_kernel(u32, u32, u32, u32, has_rx, ptr, one, np.zeros(1, np.int64), 512 if has_rx else 0, one, one, ptr,

@@ -3,6 +3,7 @@ and the same rejections with the same error, as decoding each record alone."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import orjson
@@ -101,3 +102,24 @@ def test_per_peer_figures_are_checked_alone_and_packed(change: dict, why: str) -
     with_start = OpMetrics.from_dict(dict(ok, v=2, peer_start_ns=[3]), "m")
     assert with_start.peer_start_ns == [3] and with_start.wire_version() == 2
     assert OpMetrics.from_dict(ok, "m").wire_version() == 1  # without it: v1, as before
+
+
+def test_peak_epoch_bytes_is_v3_and_checked_alone_and_packed() -> None:
+    good = orjson.loads(records.encode_op_metrics_packed([_rec(1), _rec(2)]))
+    ok = dict(good["records"][1], v=3, peak_epoch_bytes=4096)
+    rec = OpMetrics.from_dict(ok, "m")
+    assert rec.peak_epoch_bytes == 4096 and rec.wire_version() == 3
+    old = dict(ok, v=1)
+    old.pop("peak_epoch_bytes")
+    assert OpMetrics.from_dict(old, "m").wire_version() == 1
+    for change, why in (({"v": 2, "peak_epoch_bytes": 5}, r"in v=2; it needs v>=3"),
+                        ({"v": 3, "peak_epoch_bytes": -1}, "peak_epoch_bytes")):
+        bad = dict(good, records=[good["records"][0], dict(good["records"][1], **change)])
+        with pytest.raises(DecodeError, match=why):
+            records.op_metrics_from_dict(bad, "m")
+        with pytest.raises(DecodeError, match=why):
+            OpMetrics.from_dict(bad["records"][1], "m")
+    # v3 records pack and unpack column-wise beside older ones
+    mixed = [_rec(1), dataclasses.replace(_rec(2), peak_epoch_bytes=7)]
+    back = records.op_metrics_from_dict(orjson.loads(records.encode_op_metrics_packed(mixed)), "m")
+    assert [r.peak_epoch_bytes for r in back] == [None, 7]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pulse.segmentation.batch import segment_trace
-from pulse.segmentation.metrics import union_count
+from pulse.segmentation.metrics import epoch_peaks, union_count
 from pulse.segmentation.params import SegmentationError
 from segbuilder import EPOCH_NS, TraceBuilder
 
@@ -101,3 +101,20 @@ def test_union_count_equals_reference(pairs, extra_ops):
     ids = np.array([p[0] for p in pairs], np.int64)
     eps = np.array([p[1] for p in pairs], np.int64)
     assert union_count(ids, eps, n).tolist() == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.sampled_from([0, 1, 2, 7, 1 << 20, (1 << 41) + 3]),
+                          st.integers(1, 1 << 44)), max_size=40), st.integers(0, 3))
+def test_epoch_peaks_equals_reference(rows, extra_ops):
+    """Per operator id the largest byte sum of one epoch over its rows (several flows can
+    share an epoch; an id without rows peaks at 0)."""
+    n = 6 + extra_ops
+    sums: dict[tuple[int, int], int] = {}
+    for r, e, b in rows:
+        sums[(r, e)] = sums.get((r, e), 0) + b
+    want = [max([b for (r, _e), b in sums.items() if r == i], default=0) for i in range(n)]
+    ids = np.array([r[0] for r in rows], np.int64)
+    eps = np.array([r[1] for r in rows], np.int64)
+    tx = np.array([r[2] for r in rows], np.int64)
+    assert epoch_peaks(ids, eps, tx, n).tolist() == want

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pulse.segmentation.gather import gather
 from pulse.segmentation.kernel import TX_MASK
-from pulse.segmentation.metrics import union_count
+from pulse.segmentation.metrics import epoch_peaks, union_count
 from pulse.segmentation.stepkern import reduce_slots, select_slots, trim_rows
 
 
@@ -112,8 +112,19 @@ def test_trim_rows_equals_reference(data):
     assert [a.tolist() for a in state] == [a.tolist() for a in want_state]
 
 
-def reduce_ref(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, n, complete):
-    """The numpy passes slots.emit made before (np.*.at and union_count)."""
+def peaks_ref(ids, epochs, tx, n):
+    """Per id, the largest byte sum over its rows of one epoch (a dict, one row at a time)."""
+    sums: dict[tuple[int, int], int] = {}
+    for i, e, b in zip(ids.tolist(), epochs.tolist(), tx.tolist(), strict=True):
+        sums[(i, e)] = sums.get((i, e), 0) + b
+    out = [0] * n
+    for (i, _e), b in sums.items():
+        out[i] = max(out[i], b)
+    return np.array(out, np.int64)
+
+
+def reduce_ref(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, pb, n, complete):
+    """The numpy passes slots.emit made before (np.*.at and union_count), and the peaks."""
     mine = s_live & s_closed
     mine &= ix[np.minimum(s_uid, ix.size - 1)] >= 0
     mine &= s_uid < ix.size
@@ -135,7 +146,7 @@ def reduce_ref(ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_st
     inp = np.zeros(pu.size, bool)
     inp[pu < ix.size] = ix[pu[pu < ix.size]] >= 0
     act = union_count(ix[pu[inp]], pe[inp], n)
-    return start, end, vol, grant, bad, act
+    return start, end, vol, grant, bad, act, peaks_ref(ix[pu[inp]], pe[inp], pb[inp], n)
 
 
 @settings(max_examples=300, deadline=None)
@@ -161,10 +172,13 @@ def test_reduce_slots_equals_reference(data):
     far = data.draw(st.booleans())  # epochs spanning 2^41: the caller's union_count fallback
     pe = np.array(data.draw(st.lists(st.sampled_from([0, 1, 5, 9, (1 << 41) if far else 3]), min_size=p,
                                      max_size=p)), np.int64)
-    args = (ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, len(chosen), 1)
+    pb = np.array(data.draw(st.lists(st.integers(1, 1 << 40), min_size=p, max_size=p)), np.int64)
+    args = (ix, s_uid, s_live, s_closed, s_start, s_end, s_vol, s_grant, s_status, pu, pe, pb, len(chosen), 1)
     want = reduce_ref(*args)
     got = list(reduce_slots(*args))
     if got[5] is None:
-        got[5] = union_count(ix[pu[(pu < ix.size) & (ix[np.minimum(pu, ix.size - 1)] >= 0)]],
-                             pe[(pu < ix.size) & (ix[np.minimum(pu, ix.size - 1)] >= 0)], len(chosen))
+        assert got[6] is None
+        inp = (pu < ix.size) & (ix[np.minimum(pu, ix.size - 1)] >= 0)
+        got[5] = union_count(ix[pu[inp]], pe[inp], len(chosen))
+        got[6] = epoch_peaks(ix[pu[inp]], pe[inp], pb[inp], len(chosen))
     assert [a.tolist() for a in got] == [a.tolist() for a in want]
