@@ -32,6 +32,7 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .alive import AlivePoints
+from .ceilings import Ceilings
 from .finding import Finding, LinkObs
 from .late_baselines import LateBaselines
 from .late_stragglers import LateStragglers
@@ -346,6 +347,7 @@ class Evidence:
         self.stops = StopEvidence()
         self.rail = RailEvidence(p, self.topo)
         self.alive = AlivePoints(p)
+        self.ceilings = Ceilings(p)
         self.missing: Counter[str] = Counter()
         """node -> closed operators in a row without its record while its peers completed."""
         self.insufficient: set[str] = set()

@@ -17,6 +17,11 @@ ABSENT = "absent"    # never started an operator its peers are stuck in: compute
 MISSING = "missing"  # no record while its peers completed: insufficient-data
 RAIL = "rail"        # ended far later than the same operator on the node's other NICs
 
+CEILING = "peak_epoch_bytes"
+"""Metric of an ACT finding on a capacity ceiling (:mod:`.ceilings`): value the busiest
+epoch of the rank's recent records, reference that of its first ones (capped: value below
+the reference). Not timing: late inputs cannot lower it."""
+
 ISSUE_LAG = "issue_lag_ns"
 """Metric of a LATE finding on the rank's issue lag (its issue minus its peers' median,
 clocks as read): value the lag, reference its own baseline (judged against its history)

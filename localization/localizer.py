@@ -255,7 +255,9 @@ class Localizer:
         ordered = [recs[r] for r in sorted(recs)]
         view = self._view(comm, seq, ordered)
         stragglers = ev.stragglers.observe(comm, ordered, [len(e) for e in view.peer_eps])
-        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]), stragglers)
+        capped = (ev.ceilings.capped(comm, ordered, [len(e) for e in view.peer_eps], view.egress_busy)
+                  if view.egress_busy is not None else {})
+        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]), stragglers, capped)
         if all(r.complete for r in ordered):
             ev.refs.add(ordered)
         ev.closed_ops += 1

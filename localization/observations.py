@@ -37,7 +37,7 @@ import numpy as np
 from pulse.events import GROUPED, P2P
 from pulse.records import OpMetrics
 
-from .finding import ABSENT, ACT, ISSUE_LAG, LATE, MISSING, STALL, Finding, LinkObs, lateness
+from .finding import ABSENT, ACT, CEILING, ISSUE_LAG, LATE, MISSING, STALL, Finding, LinkObs, lateness
 from .params import LocalizeParams
 from .robust import leave_one_out_medians, median
 
@@ -97,12 +97,14 @@ def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: fl
 
 
 def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None,
-          stragglers: Collection[int] = ()) -> Judgement:
+          stragglers: Collection[int] = (), capped: dict[int, tuple[float, float]] | None = None) -> Judgement:
     """Observations of one closed operator. ``act_ref``: the job-wide reference ACT of
     operators of this shape (None while too few have been seen); ``stretch``: how far above
     its reference a healthy record of the shape went (:meth:`.evidence.References.stretch`);
     ``stragglers``: indices of records that are their collective's consistent stragglers
-    (:class:`.stragglers.Stragglers`), slow whatever the per-operator bound says."""
+    (:class:`.stragglers.Stragglers`), slow whatever the per-operator bound says;
+    ``capped``: records whose rank's capacity ceiling fell (:class:`.ceilings.Ceilings`),
+    with (recent, baseline) busiest-epoch bytes: their links are slow whatever the timing."""
     out = Judgement()
     n = len(view.recs)
     if n == 0:
@@ -136,7 +138,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float
     if view.kind == GROUPED:
         _judge_rate(view, p, act_ref, out)
     else:
-        _judge_act(view, p, act_ref, out, stretch, stragglers)
+        _judge_act(view, p, act_ref, out, stretch, stragglers, capped or {})
     if view.kind in P2P:
         for r in view.recs:
             if r.t_host_ns is not None:
@@ -214,15 +216,18 @@ def _link(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> Link
 
 
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement,
-               stretch: float | None = None, stragglers: Collection[int] = ()) -> None:
+               stretch: float | None = None, stragglers: Collection[int] = (),
+               capped: dict[int, tuple[float, float]] | None = None) -> None:
     recs = view.recs
     epoch = float(recs[0].epoch_ns)
+    capped = capped or {}
     # Short shapes are judged too: the bound is derived from the quantisation, so a few
     # epochs need a larger ratio, not a floor on the length (sweep 151 #10: PCIe at 32 % on
     # the last of 4 pipeline stages, its pipeline sends 3 epochs before and 7 after - 2.3x -
     # and with no shape under 4 epochs judged, its stage-2 partner was named compute-slow).
     if ref is None or ref <= 0:
         _judge_resent(view, p, out)
+        _judge_capped(view, out, capped)
         return
     # plain floats (the same float64 arithmetic): an operator has one to a few records,
     # where numpy's per-call cost was most of the work
@@ -253,21 +258,34 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                                           or (a > relay_max if relay_max is not None else recs[i].flows < 2)))
             for i, a in enumerate(act)]
     resent = [v >= 1.0 + p.vol_excess for v in vol]
-    slow_op = any(slow) or any(resent)
+    slow_op = any(slow) or any(resent) or bool(capped)
     for i in range(len(act)):
-        blamed = (slow[i] and act[i] >= top_from) or resent[i]
+        timed = slow[i] and act[i] >= top_from
+        blamed = timed or resent[i] or i in capped
         f = None
         if resent[i]:
             f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
-        elif blamed:
+        elif timed:
             f = _finding(view, i, ACT, "act_ns", act[i], ref)
             if act[i] >= near:
                 f.consistent = True
+        elif blamed:
+            f = _finding(view, i, ACT, CEILING, *capped[i])
         if not slow_op or blamed:
             for d in view.peer_eps[i]:
                 out.links.append(_link(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
+
+
+def _judge_capped(view: OpView, out: Judgement, capped: dict[int, tuple[float, float]]) -> None:
+    """Capped ceilings alone, for an operator whose ACT says nothing (no reference yet):
+    only their links are observed, as with resent bytes."""
+    for i, (top, base) in capped.items():
+        f = _finding(view, i, ACT, CEILING, top, base)
+        for d in view.peer_eps[i]:
+            out.links.append(_link(view, i, d, True, f))
+        out.findings.append(f)
 
 
 def _judge_resent(view: OpView, p: LocalizeParams, out: Judgement) -> None:

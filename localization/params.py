@@ -111,6 +111,11 @@ class LocalizeParams:
     """GroupP2P (custom collectives): a rank whose rank-level active rate is below this
     fraction of its peers' median is slow. Rate, not volume, so expert imbalance (ranks
     legitimately sending more or less) does not alarm."""
+    ceiling_ops: int = 8
+    """Capacity ceilings (:mod:`.ceilings`): a rank's recent ceiling is the busiest epoch of
+    its last this many complete records of a communicator (two steps of four buckets at the
+    default size), against the busiest of its first ``late_base_ops``; it is capped below
+    ``rate_ratio`` of that and of the operator's median ratio. 0: off."""
     rate_blame: bool = False
     """Whether a GroupP2P rank below ``rate_ratio`` of its peers marks its links slow. Off
     by default: a NIC that lost capacity in both directions slows every peer's sends into
@@ -354,6 +359,8 @@ class LocalizeParams:
                      "late_spread_size", "late_spread_min", "ref_base_ops", "late_straggler_steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"LocalizeParams.{name}={getattr(self, name)}: must be >= 1")
+        if self.ceiling_ops < 0:
+            raise ConfigError(f"LocalizeParams.ceiling_ops={self.ceiling_ops}: must be >= 0 (0: off)")
         if self.persist_ops > self.window_ops:
             raise ConfigError(f"LocalizeParams.persist_ops={self.persist_ops} exceeds window_ops={self.window_ops}")
         if self.close_lag < 0:

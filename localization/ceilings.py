@@ -1,0 +1,85 @@
+"""Capacity ceilings: the most bytes a rank's records moved in one epoch, against its own
+history.
+
+Physical facts relied on:
+
+* No epoch of a NIC, a PCIe link or a path capped at some rate carries more than that rate
+  allows, however the traffic is paced; a healthy link bursts to line rate whenever it has
+  the bytes. A starved host posts late and a slow GPU hands its data over late, but what
+  they send still goes at line rate: their records' busiest epochs keep their height
+  (battery cpu-contention, a host at 30 % of its CPU: its pipeline sends' busiest epochs
+  at 34.8-47.9 GB/s, 49-51 before; a PCIe cap at 39 % pins both links of the capped NIC at
+  19.7-20.2 GB/s in every record, 49-50 before).
+* One record's busiest epoch depends on how much it had to send at once (a tree leaf's few
+  bytes never fill an epoch); the most over a rank's recent records of one communicator,
+  against the most over its first ones, does not: a training step repeats its operators.
+* A link paced by its input forwards at about the pace of the cap upstream of it (a ring
+  rank downstream of a capped NIC: busiest epochs 1.2x the cap for a few records), so
+  only the ranks at the operator's lowest ceiling - within the flatness of that rank's
+  own recent epochs, which a cap pins - are taken as capped, and only when their drop is
+  their own (well below the operator's median drop: a whole job that changes its buckets
+  changes every ceiling alike).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from pulse.events import GROUPED
+from pulse.records import OpMetrics
+
+from .params import LocalizeParams
+from .robust import median
+
+
+class Ceilings:
+    """Per (communicator, rank): the busiest epochs of its first ``late_base_ops`` complete
+    records (its baseline) and of its last ``ceiling_ops``."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self._base: dict[tuple[str, int], list[int]] = {}
+        self._recent: dict[tuple[str, int], deque[int]] = {}
+
+    def capped(self, comm: str, ordered: list[OpMetrics], peers: list[int],
+               shared: Callable[[int], bool]) -> dict[int, tuple[float, float]]:
+        """Note one closed operator's records; returns, per record index whose rank's
+        ceiling fell to the operator's lowest (see the module), (its recent ceiling, its
+        baseline ceiling) in bytes per epoch. ``peers``: per record, how many peer NICs it
+        sends to - only one-peer records are judged: a relay sends to several at once at
+        the pace its inputs arrive, its busiest epochs as low as a cap's wherever it sits
+        below one (a 7-rank tree under a PCIe cap at 26 %: the capped node's relays at
+        12.7-13.2 GB/s, a healthy relay elsewhere in the tree below them). ``shared``:
+        whether a record's NIC carried a record of another kind meanwhile (its bytes then
+        shared the epochs)."""
+        p = self.p
+        if p.ceiling_ops <= 0 or not ordered or ordered[0].kind == GROUPED:
+            return {}
+        ready: list[tuple[int, int, float, float]] = []
+        for i, r in enumerate(ordered):
+            pk = r.peak_epoch_bytes
+            if (pk is None or pk <= 0 or not r.complete or peers[i] != 1
+                    or (r.nics is not None and len(r.nics) > 1)):
+                continue
+            key = (comm, r.rank)
+            base = self._base.setdefault(key, [])
+            if len(base) < p.late_base_ops:
+                base.append(pk)
+                continue
+            rec = self._recent.get(key)
+            if rec is None:
+                rec = self._recent[key] = deque(maxlen=p.ceiling_ops)
+            rec.append(pk)
+            if len(rec) == p.ceiling_ops:
+                top = max(rec)
+                ready.append((i, top, top / max(base), top / min(rec)))
+        if len(ready) < p.min_ranks:
+            return {}
+        med = median([x[2] for x in ready])
+        _, low, _, flat = min(ready, key=lambda x: x[1])
+        out: dict[int, tuple[float, float]] = {}
+        for i, top, ratio, _f in ready:
+            if ratio < p.rate_ratio and ratio < p.rate_ratio * med and top <= low * flat and not shared(i):
+                out[i] = (float(top), float(top / ratio))
+        return out

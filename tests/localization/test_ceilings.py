@@ -1,0 +1,77 @@
+"""Capacity ceilings (localization/ceilings.py): the busiest epoch of a rank's recent
+records against its own first ones, and against the operator's other ranks."""
+
+from __future__ import annotations
+
+import pytest
+from pulse.localization.ceilings import Ceilings
+from pulse.localization.finding import ACT, CEILING
+from pulse.localization.observations import OpView, judge
+from pulse.localization.params import LocalizeParams
+from pulse.localization.rules.host import host_shaped
+
+from . import synth
+
+LINE = 800_000  # bytes in one epoch at line rate
+
+
+def _op(seq: int, peaks: list[int]) -> list:
+    return [synth.record("dp0", seq, r, r, kind="AllReduce", nranks=len(peaks), start=seq * 10**7,
+                         end=seq * 10**7 + 400_000, t_host=seq * 10**7, nic="mlx5_0", peak_epoch_bytes=pk)
+            for r, pk in enumerate(peaks)]
+
+
+def _run(ceil: Ceilings, ops: list[list[int]], shared=lambda i: False, peers: int = 1) -> list[dict]:
+    return [ceil.capped("dp0", _op(s, pk), [peers] * len(pk), shared) for s, pk in enumerate(ops)]
+
+
+def test_a_rank_pinned_below_its_own_and_its_peers_ceilings_is_capped():
+    p = LocalizeParams()
+    n = p.late_base_ops + p.ceiling_ops
+    healthy = [[LINE - 10 * r for r in range(5)]] * p.late_base_ops
+    # from here on rank 1's NIC carries at most 40 % of line rate; the others still burst
+    # to it now and then (every other record), their quieter records far lower
+    after = [[LINE if s % 2 else LINE // 3, int(0.4 * LINE), LINE, LINE // 2 if s % 2 else LINE, LINE]
+             for s in range(p.ceiling_ops + 2)]
+    got = _run(Ceilings(p), healthy + after)
+    assert all(g == {} for g in got[:n - 1])  # not before a baseline and a full window
+    assert got[n - 1] == {1: (pytest.approx(0.4 * LINE, abs=1), pytest.approx(LINE - 10, abs=1))}
+    assert got[-1].keys() == {1}
+
+
+def test_a_drop_every_rank_shares_is_no_cap_and_a_rank_paced_above_the_lowest_is_none():
+    p = LocalizeParams()
+    base = [[LINE] * 5] * p.late_base_ops
+    # the whole job's busiest epochs fall alike (smaller buckets): nobody
+    got = _run(Ceilings(p), base + [[LINE // 3] * 5] * p.ceiling_ops)
+    assert got[-1] == {}
+    # rank 1 capped at 40 %; rank 2 forwards what rank 1 sends, paced at 1.2x the cap:
+    # only the lowest ceiling, flat in its window, is the cap
+    got = _run(Ceilings(p), base + [[LINE, int(0.4 * LINE), int(0.48 * LINE), LINE, LINE]] * p.ceiling_ops)
+    assert got[-1].keys() == {1}
+
+
+def test_a_relay_or_a_record_sharing_its_nic_is_not_judged_by_its_ceiling_nor_any_when_off():
+    p = LocalizeParams()
+    ops = [[LINE] * 5] * p.late_base_ops + [[LINE, int(0.4 * LINE), LINE, LINE, LINE]] * p.ceiling_ops
+    assert _run(Ceilings(p), ops, shared=lambda i: i == 1)[-1] == {}
+    # a relay (several peers at once) forwards at its inputs' pace: not judged
+    assert _run(Ceilings(p), ops, peers=3)[-1] == {}
+    assert _run(Ceilings(LocalizeParams(ceiling_ops=0)), ops)[-1] == {}
+
+
+def test_capped_records_mark_their_links_slow_by_capacity_which_no_host_rule_reads():
+    p = LocalizeParams()
+    recs = _op(30, [LINE] * 4)
+    eps = [f"{synth.node(r)}/mlx5_0" for r in range(4)]
+    view = OpView("dp0", 30, "AllReduce", {r: synth.node(r) for r in range(4)}, recs, eps,
+                  [(eps[(r + 1) % 4],) for r in range(4)], [False] * 4)
+    j = judge(view, p, 320_000.0, None, (), {1: (0.4 * LINE, float(LINE))})
+    slow = [lk for lk in j.links if lk.slow]
+    assert [(lk.src, lk.dst) for lk in slow] == [(eps[1], eps[2])]
+    f = slow[0].finding
+    assert (f.kind, f.metric, f.value, f.peers) == (ACT, CEILING, 0.4 * LINE, float(LINE))
+    assert not f.timing_only()
+    # a capped NIC's sends on several NICs are no starved host's (late posts keep the height
+    # of their busiest epochs): the host rule's excess reads timing alone
+    assert not host_shaped({(f"{synth.node(1)}/mlx5_{k}", eps[2]): [f] for k in range(4)}, p, synth.node(1))
