@@ -13,7 +13,7 @@ BAD = [("ref_size", 0), ("rail_max_records", 0), ("rail_siblings_max", 0), ("rai
        ("ref_percentile", 101), ("ref_percentile_grouped", -1), ("clean_max_slow_frac", 1.5),
        ("late_min_fill", -0.1), ("act_top_frac", -0.01), ("stop_absent_majority", -1), ("conf_per_op", -0.1),
        ("conf_base", 0.0), ("conf_max", 1.5), ("rail_siblings_drop", 50_001), ("alive_drop", 513),
-       ("rail_persist", 65), ("timing_persist_frac", 0.4), ("timing_persist_frac", 1.01)]
+       ("rail_persist", 65), ("timing_persist_frac", 0.4), ("timing_persist_frac", 1.01), ("ceiling_ops", -1)]
 
 
 def test_defaults_are_valid():
