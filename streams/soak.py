@@ -105,6 +105,12 @@ def simulate_jobs(cfg: SoakConfig, root: Path) -> list[tuple[Path, dict[str, Any
     return out
 
 
+def _replay_of(key: bytes | None) -> str:
+    """The job of an input message: its key is the node, ``rK-node-NN`` for replay K."""
+    head = (key or b"").split(b"-", 1)[0]
+    return f"soak-{head[1:].decode(errors='replace')}" if head[:1] == b"r" else "?"
+
+
 class Soak:
     """One soak run's processes, schedule and records (see the module docstring)."""
 
@@ -134,6 +140,13 @@ class Soak:
         self.seen_poison: collections.Counter[str] = collections.Counter()
         self.poison_at: list[tuple[int, str, int, int]] = []  # (broker incarnation, topic, partition, offset)
         self.records: dict[str, list[dict[str, Any]]] = {}
+        self.seen_at: dict[str, float] = {}  # incident id -> when the observer first read it (s)
+        # Per job: the distinct input messages and op-metrics records that reached the broker
+        # (did a replay's data all go through segmentation, whatever the fault schedule said).
+        self.job_inputs: collections.Counter[str] = collections.Counter()
+        # Per broker incarnation and input partition: the lowest offset of each job on it.
+        self.job_first_offset: dict[tuple[int, str, int], dict[str, int]] = collections.defaultdict(dict)
+        self.job_op_records: dict[str, set[bytes]] = collections.defaultdict(set)
         # The group's committed offsets at the end of each broker incarnation.
         self.committed: dict[int, dict[tuple[str, int], int]] = {}
 
@@ -194,7 +207,7 @@ class Soak:
         from aiokafka import AIOKafkaConsumer, TopicPartition
 
         t = self.settings.topics
-        names = (t.samples, t.hook_events, t.dead_letter, t.incidents, t.verdicts, t.pipeline)
+        names = (t.samples, t.hook_events, t.dead_letter, t.incidents, t.verdicts, t.pipeline, t.op_metrics)
         c = AIOKafkaConsumer(bootstrap_servers=self.broker.bootstrap, group_id=None, enable_auto_commit=False,
                              auto_offset_reset="earliest", fetch_max_wait_ms=50, metadata_max_age_ms=1000,
                              max_partition_fetch_bytes=8 << 20)
@@ -232,14 +245,29 @@ class Soak:
                 self.seen_poison[topic] += 1
                 self.poison_at.append((epoch, topic, partition, offset))
             else:
-                self.seen_input.add(hashlib.blake2b((key or b"") + b"\0" + (value or b""), digest_size=16).digest())
+                digest = hashlib.blake2b((key or b"") + b"\0" + (value or b""), digest_size=16).digest()
+                if digest not in self.seen_input:
+                    job = _replay_of(key)
+                    self.job_inputs[job] += 1
+                    first = self.job_first_offset[(epoch, topic, partition)]
+                    first[job] = min(first.get(job, offset), offset)
+                self.seen_input.add(digest)
                 self.seen_input_messages += 1
+            return
+        if topic == t.op_metrics:
+            with contextlib.suppress(Exception):
+                from pulse.records import decode_op_metrics_many
+
+                for rec in decode_op_metrics_many(value or b""):
+                    self.job_op_records[rec.job].add(hashlib.blake2b(repr(rec).encode(), digest_size=12).digest())
             return
         with contextlib.suppress(Exception):
             rec = orjson.loads(value or b"")
             if topic == t.pipeline:
                 self.pipeline.append(rec)
             else:
+                if topic == t.incidents:
+                    self.seen_at.setdefault(str(rec.get("id")), round(time.monotonic() - self.t0, 2))
                 self.records.setdefault(topic, []).append(rec)
 
     async def sample(self, stop: asyncio.Event, every_s: float = 2.0) -> None:

@@ -8,6 +8,7 @@ import collections
 import contextlib
 import urllib.parse
 import urllib.request
+from collections.abc import Collection
 from typing import Any
 
 import orjson
@@ -73,16 +74,35 @@ def score_incidents(replays: list[dict[str, Any]], incidents: list[dict[str, Any
 DISTURB_AFTER_S = 15.0  # a group's session timeout (10 s) and a rebuild after a restart or kill
 
 
-def mark_disturbed(replays: list[dict[str, Any]], faults: list[dict[str, Any]]) -> None:
+def mark_disturbed(replays: list[dict[str, Any]], faults: list[dict[str, Any]],
+                   skipped: Collection[str] = ()) -> None:
     """A replay streamed while a broker restart or a worker kill could cost it data: from 5 s
     before the fault to DISTURB_AFTER_S after its end (what the workers had not consumed
-    by then is what a memory broker loses; at the 1-minute size they lag about a second)."""
+    by then is what a memory broker loses; at the 1-minute size they lag about a second),
+    and any replay in ``skipped``: short of operator records, with input below the offsets
+    a restarted memory broker had reached (:func:`below_restart_offsets`), however long
+    after the restart that was."""
     windows = [(f["kind"], f["at_s"] - 5.0, f["at_s"] + float(f.get("down_s", 0.0)) + DISTURB_AFTER_S)
                for f in faults if f["kind"] in ("broker-restart", "worker-kill")]
     for r in replays:
         end = r.get("ended_s", float("inf"))
-        r["disturbed_by"] = sorted({k for k, lo, hi in windows if r["started_s"] <= hi and end >= lo})
+        by = {k for k, lo, hi in windows if r["started_s"] <= hi and end >= lo}
+        if r["job"] in skipped:
+            by.add("broker-restart")
+        r["disturbed_by"] = sorted(by)
         r["disturbed"] = bool(r["disturbed_by"])
+
+
+def below_restart_offsets(soak: Any) -> set[str]:
+    """Jobs with input on a restarted memory broker below the offsets its partitions had
+    reached before. The group's consumers may resume at their old positions on the new,
+    empty partitions and never fetch what lies below (docs/reliability.md): that input is
+    never segmented, and nothing counts it (the group commits past it)."""
+    out: set[str] = set()
+    for (epoch, topic, part), first in soak.job_first_offset.items():
+        before = soak.ends.get(epoch - 1, {}).get((topic, part), 0) if epoch else 0
+        out |= {job for job, off in first.items() if off < before}
+    return out
 
 
 def _victoria_verdict_points(url: str) -> set[tuple[str, int]] | None:
@@ -154,6 +174,7 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
     # is at most 0.5 s old, so `duplicates` is a lower bound).
     processed = sum(int(r.get("messages_in", 0)) for r in latest.values())
     lost_batches = sum(int(r.get("lost_batches", 0)) for r in latest.values())
+    late_records = sum(int(r.get("late_op_metrics", 0)) for r in latest.values())
     dead = soak.records.get(t.dead_letter, [])
     reasons = collections.Counter(f"{d.get('stage')}: {str(d.get('error')).split(': ', 1)[-1][:50]}" for d in dead)
     poison_dead = sum(1 for d in dead if d.get("key") == "poison")
@@ -162,9 +183,30 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
     for v in soak.records.get(t.verdicts, []):
         with contextlib.suppress(Exception):
             verdicts.append(decode_verdict(orjson.dumps(v)))
+    below = below_restart_offsets(soak)
     for rep in soak.replays:
         rep["complete"] = "ended_s" in rep
-    mark_disturbed(soak.replays, soak.faults)
+        rep["inputs_at_broker"] = soak.job_inputs.get(rep["job"], 0)
+        rep["op_records"] = len(soak.job_op_records.get(rep["job"], ()))
+        seen = [soak.seen_at[str(i.get("id"))] for i in incidents
+                if i.get("job") == rep["job"] and str(i.get("id")) in soak.seen_at]
+        rep["first_incident_seen_s"] = min(seen) if seen else None
+        firsts: dict[str, dict[str, Any]] = {}
+        for i in incidents:
+            if i.get("job") == rep["job"]:
+                firsts.setdefault(str(i.get("id")), i)
+        rep["incidents_opened"] = [{"kind": i.get("kind"), "nodes": i.get("nodes")} for i in firsts.values()]
+    # A replay segmented in full gives every record the same trace gives in any replay.
+    full = collections.Counter[str]()
+    for rep in soak.replays:
+        full[rep["scenario"]] = max(full[rep["scenario"]], rep["op_records"])
+    for rep in soak.replays:
+        rep["op_records_short"] = full[rep["scenario"]] - rep["op_records"]
+        rep["input_below_restart_offsets"] = rep["job"] in below
+    # Skipped there: short of records (a short replay anywhere else stays clean, and its
+    # miss fails the soak).
+    skipped = {r["job"] for r in soak.replays if r["input_below_restart_offsets"] and r["op_records_short"]}
+    mark_disturbed(soak.replays, soak.faults, skipped)
     scores = score_incidents(soak.replays, incidents)
     expected_points = _expected_points(verdicts)
     got_points = _victoria_verdict_points(soak.vm.url) if soak.vm is not None else None
@@ -189,7 +231,7 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
         "poison_dead_lettered": poison_dead, "poison_lost_in_broker_restarts": poison_lost,
         "dropped": dropped, "lost": lost, "lost_before_broker": lost_before_broker,
         "lost_in_broker_restarts": lost_in_restarts, "unseen_by_observer": unseen, "in_spool_at_end": in_spool,
-        "segmenter_lost_batches": lost_batches,
+        "segmenter_lost_batches": lost_batches, "late_op_metrics": late_records,
         "verdicts": len(verdicts), "incidents": len({i.get("id") for i in incidents}), **scores,
         "influx_written": sum(int(r.get("influx_written", 0)) for r in latest.values()),
         "influx_dropped": sum(int(r.get("influx_dropped", 0)) for r in latest.values()),
