@@ -20,6 +20,16 @@ class Aligner:
     before the most advanced node's latest operator goes out as it is. When no record
     arrived for ``idle_s`` of wall time (the job paused or ended), everything goes out.
     Released operators go out in end-time order, in seq order per communicator.
+
+    Live, trace time alone cannot tell a node that stopped reporting from one whose data is
+    behind in the pipeline: after an outage the agents' spools drain faster than real time,
+    and the worker segmenting one node can be seconds of trace time behind the worker
+    segmenting the others. So, live, a node whose data end (``observe_data_end``, forwarded
+    by the segment stage) still moved within the last ``hold_ns`` read as wall time and has
+    not gone ``hold_ns`` past its last record is lagging, not stopped: it keeps holding the
+    watermark, and no operator ending less than ``hold_ns`` before its data end goes out
+    without it (nor for idleness while its data still comes). Offline (``now`` left at 0)
+    the bounds stay in trace time only.
     """
 
     def __init__(self, hold_ns: int, idle_s: float) -> None:
@@ -30,6 +40,23 @@ class Aligner:
         self.calibrated: set[str] = set()
         self.node_end: dict[str, int] = {}
         self.last_add = 0.0
+        self.data_end: dict[str, int] = {}
+        self.data_moved: dict[str, float] = {}
+        """Per node: how far its data was segmented (trace time), and when that last moved (wall)."""
+
+    def observe_data_end(self, node: str, end_ns: int, now: float) -> None:
+        if end_ns > self.data_end.get(node, -(1 << 62)):
+            self.data_end[node] = end_ns
+            self.data_moved[node] = now
+
+    def _lagging(self, now: float) -> dict[str, int]:
+        """Live: the data end of each node whose data is still coming and has not gone the
+        hold past its last record (class docstring); nothing offline."""
+        if now <= 0.0:
+            return {}
+        hold_s = self.hold_ns / 1e9
+        return {n: e for n, e in self.data_end.items()
+                if now - self.data_moved[n] < hold_s and e - self.node_end.get(n, e) < self.hold_ns}
 
     def add(self, m: OpMetrics, now: float) -> None:
         self.pending.setdefault(m.comm_id, {}).setdefault(m.seq, {})[m.rank] = m
@@ -60,15 +87,19 @@ class Aligner:
         """Operators that can go out now (all of them with ``flush``: the input ended)."""
         if not self.node_end:
             return []
-        idle = flush or now - self.last_add >= self.idle_s
+        lagging = {} if flush else self._lagging(now)
+        floor = min(lagging.values(), default=1 << 62)  # the data end of the most lagging node
+        idle = flush or (now - self.last_add >= self.idle_s
+                         and not any(now - self.data_moved[n] < self.idle_s for n in lagging))
         top = max(self.node_end.values())
-        wm = min(end for end in self.node_end.values() if end >= top - self.hold_ns)
+        wm = min(end for n, end in self.node_end.items() if end >= top - self.hold_ns or n in lagging)
         chosen: list[tuple[int, str, int]] = []
         for comm, ops in self.pending.items():
             for seq in sorted(ops):
                 recs = ops[seq]
                 end = max(r.end_ns for r in recs.values())
-                if not (idle or top - end >= self.hold_ns or (end <= wm and self._complete(comm, recs))):
+                held = top - end < self.hold_ns or floor - end < self.hold_ns
+                if not (idle or not held or (end <= wm and self._complete(comm, recs))):
                     break
                 chosen.append((end, comm, seq))
         out: list[OpMetrics] = []

@@ -43,6 +43,7 @@ class Localizers:
         """Jobs dropped after ``forget_s`` without input (see :data:`.localize_stage.FORGET_S`)."""
         self.jobs: dict[str, LocalizeStage] = {}
         self.verdicts = 0
+        self._late_forgotten = 0
 
     def stage(self, job: str) -> LocalizeStage:
         st = self.jobs.get(job)
@@ -58,8 +59,8 @@ class Localizers:
             self.jobs.pop(job, None)
         self.jobs.update(other.jobs)
 
-    def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd]) -> None:
-        self.stage(job).add_events(items)
+    def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd], now: float = 0.0) -> None:
+        self.stage(job).add_events(items, now)
 
     def add_metrics(self, records: list[OpMetrics], now: float) -> None:
         by_job: dict[str, list[OpMetrics]] = {}
@@ -84,7 +85,7 @@ class Localizers:
             if cut:
                 break
         for job in [j for j, st in self.jobs.items() if st.forgettable(now, self.forget_s)]:
-            del self.jobs[job]
+            self._late_forgotten += self.jobs.pop(job).localizer.late_records
             self.forgotten += 1
         self.verdicts += len(out.verdicts)
         return out
@@ -112,6 +113,12 @@ class Localizers:
     @property
     def held(self) -> int:
         return sum(st.held for st in self.jobs.values())
+
+    @property
+    def late_records(self) -> int:
+        """Records that came after their operator was judged without them (a node's data
+        too far behind the others'), over every job so far."""
+        return self._late_forgotten + sum(st.localizer.late_records for st in self.jobs.values())
 
     @property
     def active(self) -> bool:
@@ -168,7 +175,7 @@ class JobEngine:
 
     def _route(self, out: SegmentOutput, now: float) -> list[Verdict]:
         for (job, _node), items in out.forwards.items():
-            self.localize.add_forwarded(job, items)
+            self.localize.add_forwarded(job, items, now)
         self.metrics += out.metrics
         self.localize.add_metrics(out.metrics, now)
         return self._keep(self.localize.tick(now, budget_s=None))

@@ -91,8 +91,9 @@ class LocalizeStage:
         self.metrics = 0
         self.verdicts = 0
 
-    def add_events(self, events: Iterable[HookEvent | DataEnd]) -> None:
-        """Forwarded items: hook events (membership, flows, posted receives) and data ends."""
+    def add_events(self, events: Iterable[HookEvent | DataEnd], now: float = 0.0) -> None:
+        """Forwarded items: hook events (membership, flows, posted receives) and data ends
+        (``now``: the wall clock of a live run, 0 offline; see :class:`~.aligner.Aligner`)."""
         hooks: list[HookEvent] = []
         for e in events:
             if isinstance(e, DataEnd):
@@ -100,6 +101,7 @@ class LocalizeStage:
                     self.localizer.add_events(hooks)
                     hooks = []
                 self.localizer.observe_data_end(e.node, e.end_ns, e.nic_ends, e.nic_tx)
+                self.aligner.observe_data_end(e.node, e.end_ns, now)
                 if e.gaps:
                     self.localizer.observe_gaps(e.node, e.gaps)
                 self.data_end = max(self.data_end, e.end_ns)

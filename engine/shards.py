@@ -126,7 +126,7 @@ class ShardedLocalizers:
             m = self.merges[job] = JobMerge(job)
         return m
 
-    def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd]) -> None:
+    def add_forwarded(self, job: str, items: Iterable[HookEvent | DataEnd], now: float = 0.0) -> None:
         per: list[list[HookEvent | DataEnd]] = [[] for _ in self.shards]
         for e in items:
             nic = getattr(e, "nic", None)
@@ -137,7 +137,7 @@ class ShardedLocalizers:
                     p.append(e)
         for sh, p in zip(self.shards, per, strict=True):
             if p:
-                sh.add_forwarded(job, p)
+                sh.add_forwarded(job, p, now)
 
     def add_metrics(self, records: list[OpMetrics], now: float) -> None:
         per: list[list[OpMetrics]] = [[] for _ in self.shards]

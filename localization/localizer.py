@@ -66,6 +66,8 @@ class Localizer:
         self._pending: dict[str, dict[int, dict[int, OpMetrics]]] = defaultdict(lambda: defaultdict(dict))
         self._max_seq: dict[str, int] = {}
         self._closed_upto: dict[str, int] = {}
+        self.late_records = 0
+        """Records that came after their operator was judged (without them)."""
         self._final = False
         self._eps: dict[tuple[str, int, str, tuple[str, ...] | None], str] = {}
         self._peer_eps: dict[tuple[str, int, str], tuple[str, ...]] = {}
@@ -113,7 +115,8 @@ class Localizer:
                 self.job = m.job
             self.topo.learn_rank(m.comm_id, m.rank, m.node, m.nranks, m.nics)
             if m.seq <= self._closed_upto.get(m.comm_id, -1):
-                continue  # arrived after its operator was judged: too late to matter
+                self.late_records += 1  # arrived after its operator was judged: too late to matter
+                continue
             self.ev.stops.note_record(m)
             self._pending[m.comm_id][m.seq][m.rank] = m
             self.ev.rail.note_record(m)

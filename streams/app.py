@@ -201,8 +201,15 @@ class Pipeline:
             self.seeded.add("localize")
             async for chunk in stream.take_events(self.chunk, within=self.within_s):
                 await self._take_over(app, [self._message(ev) for ev in chunk], self.loc_owned)
-                msgs = [m for m in (self._message(ev) for ev in chunk) if not self._handed_over(m)]
+                every = [self._message(ev) for ev in chunk]
+                msgs = [m for m in every if not self._handed_over(m)]
                 self._note_lag("localize", chunk)
+                if len(msgs) < len(every) and self._local_tasks:
+                    # This chunk is committed once done: the records of it that were handed
+                    # to the local localizer must have had their verdicts sent by then, or a
+                    # worker killed in between loses them (its successor's rebuild drops the
+                    # outputs of what was committed).
+                    await asyncio.wait(list(self._local_tasks))
                 if not msgs:
                     continue
                 out = await self._localize(msgs)
@@ -463,6 +470,8 @@ class Pipeline:
             "lag_ms_localize": round(self.lag_ms.get("localize", 0.0), 1),
             "incidents": self.incidents_sent,
             "held_op_metrics": self.localize_state.held,
+            # Records that came after their operator was judged without them (engine/aligner.py).
+            "late_op_metrics": self.localize_state.late_records,
             # Operator records the localize state took (its own and other workers').
             "localized": self.localize_state.metrics, "input_done_at_ns": self.input_done_at_ns,
             # Localize calls submitted and not finished (a backlog: verdicts still to come).

@@ -46,12 +46,12 @@ def _exit_with_parent(parent: int) -> None:
     os._exit(0)
 
 
-Reply = tuple[Output, int, bool, int, int]
+Reply = tuple[Output, int, bool, int, int, int]
 
 
 def _reply(out: Output) -> Reply:
     assert _state is not None
-    return out, _state.held, _state.active, _state.backlog, _state.metrics
+    return out, _state.held, _state.active, _state.backlog, _state.metrics, _state.late_records
 
 
 def _handle(messages: list[Message], now: float | None) -> Reply:
@@ -93,6 +93,7 @@ class LocalizeProcess:
         self.active = False
         self.backlog = 0
         self.metrics = 0
+        self.late_records = 0
 
     def start(self, timeout_s: float | None = None) -> None:
         """Spawn the child and wait until it imported localization (the first call does
@@ -106,7 +107,7 @@ class LocalizeProcess:
         return self._pool.submit(fn, *args)
 
     def _call(self, fn: Any, *args: Any) -> Output:
-        out, self.held, self.active, self.backlog, self.metrics = self._submit(fn, *args).result()
+        out, self.held, self.active, self.backlog, self.metrics, self.late_records = self._submit(fn, *args).result()
         return out
 
     def handle(self, messages: Iterable[Message], now: float | None = None) -> Output:

@@ -248,10 +248,10 @@ class LocalizeState:
                     self.metrics += len(recs)
                 elif kind == DataEnd.TYPE:
                     end = DataEnd.from_dict(data, where)
-                    self.stages.add_forwarded(end.job, [end])
+                    self.stages.add_forwarded(end.job, [end], now)
                 else:  # forwarded comm/flow events, single or packed
                     evs = _events.events_from_dict(data, where)
-                    self.stages.add_forwarded(evs[0].job, evs)
+                    self.stages.add_forwarded(evs[0].job, evs, now)
             except (PulseError, orjson.JSONDecodeError) as exc:
                 self.dead += 1
                 out.dead.append(DeadLetter(m.topic, m.partition, m.offset, m.key, m.value, str(exc), "localize"))
@@ -308,6 +308,10 @@ class LocalizeState:
     @property
     def held(self) -> int:
         return self.stages.held
+
+    @property
+    def late_records(self) -> int:
+        return self.stages.late_records
 
     @property
     def active(self) -> bool:

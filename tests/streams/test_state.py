@@ -14,6 +14,7 @@ from pulse.records import OpMetrics
 from pulse.settings import Topics
 
 T = Topics.with_prefix("st")
+S, MS = 1_000_000_000, 1_000_000
 
 
 def _m(comm: str, seq: int, rank: int, end: int, nranks: int = 3) -> OpMetrics:
@@ -119,3 +120,49 @@ def test_a_rank_that_never_reported_holds_only_until_the_comm_is_calibrated():
     # seqs 1 and 2 have every rank that reports for "a" and every node went past them:
     # released at once, not after the hold
     assert [(m.seq, m.rank) for m in al.ready(0.2)] == [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+def test_live_a_node_whose_data_lags_in_the_pipeline_keeps_holding():
+    """After an outage the spools drain faster than real time and one worker can segment its
+    nodes seconds of trace time behind the other's: node-02's data end still moves, so its
+    rank is waited for, not taken as stopped (engine/aligner.py)."""
+    al = _Aligner(hold_ns=S, idle_s=0.5)
+    for r in (0, 1, 2):
+        al.observe_data_end(f"node-{r:02d}", 500 * MS, now=1.0)
+    for r in (0, 1):
+        al.add(_m("a", 0, r, 1_000 * MS), now=1.0)
+        al.add(_m("a", 9, r, 9_000 * MS), now=1.0)  # nodes 0 and 1 went 9 s of trace on
+        al.observe_data_end(f"node-{r:02d}", 9_000 * MS, now=1.0)
+    al.observe_data_end("node-02", 600 * MS, now=1.2)  # its data still comes, slowly
+    assert al.ready(1.3) == []
+    al.observe_data_end("node-02", 900 * MS, now=1.6)
+    assert al.ready(1.9) == []  # no record for 0.9 s, but node-02's data moved: not idle
+    al.add(_m("a", 0, 2, 1_000 * MS), now=2.0)
+    al.observe_data_end("node-02", 1_200 * MS, now=2.0)
+    assert [(m.seq, m.rank) for m in al.ready(2.0)] == [(0, 0), (0, 1), (0, 2)]
+
+
+def test_live_a_node_whose_data_stopped_or_went_on_without_records_no_longer_holds():
+    al = _Aligner(hold_ns=S, idle_s=10.0)
+    for r in (0, 1):
+        al.add(_m("a", 0, r, 1_000 * MS), now=1.0)
+        al.add(_m("a", 9, r, 9_000 * MS), now=1.0)
+    al.observe_data_end("node-02", 600 * MS, now=1.0)
+    assert al.ready(1.5) == []  # its data moved within the hold (the hold read as wall time)
+    assert [(m.seq, m.rank) for m in al.ready(2.1)][:2] == [(0, 0), (0, 1)]  # no data for 1.1 s
+    al2 = _Aligner(hold_ns=S, idle_s=10.0)
+    al2.add(_m("a", 0, 2, 100 * MS), now=1.0)
+    for r in (0, 1):
+        al2.add(_m("a", 1, r, 2_000 * MS), now=1.0)
+        al2.add(_m("a", 9, r, 9_000 * MS), now=1.0)
+    al2.observe_data_end("node-02", 2_500 * MS, now=1.4)  # data 2.5 s past its last record
+    assert [(m.seq, m.rank) for m in al2.ready(1.5)][:3] == [(0, 2), (1, 0), (1, 1)]
+
+
+def test_offline_the_bounds_stay_in_trace_time():
+    al = _Aligner(hold_ns=S, idle_s=0.5)
+    for r in (0, 1):
+        al.add(_m("a", 0, r, 1_000 * MS), now=0.0)
+        al.add(_m("a", 9, r, 9_000 * MS), now=0.0)
+    al.observe_data_end("node-02", 600 * MS, now=0.0)
+    assert [(m.seq, m.rank) for m in al.ready(0.0)][:2] == [(0, 0), (0, 1)]
