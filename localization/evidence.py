@@ -237,10 +237,12 @@ class Lateness:
         self.windows: dict[tuple[str, str], deque[Finding | None]] = defaultdict(
             lambda: deque(maxlen=p.late_window))
         """(node, comm) -> per judged operator, its late finding or None."""
-        self.rose: dict[tuple[str, str], deque[bool]] = defaultdict(lambda: deque(maxlen=p.late_window))
+        self.rose: dict[tuple[str, str], deque[tuple[bool, int | None]]] = defaultdict(
+            lambda: deque(maxlen=p.late_window))
         """(node, comm) -> per judged operator (the same as ``windows``), whether the node's
         issue lag rose above its baseline by ``late_weak_sigmas`` of the job's healthy
-        spread (:func:`.rules.late.weakly_late`)."""
+        spread (:func:`.rules.late.weakly_late`), and the communicator's step it was in
+        (None where steps are not told apart)."""
         self.n_late = 0
         """Late findings inside the windows."""
         self.waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=p.waits_per_window * p.window_ops))
@@ -251,12 +253,12 @@ class Lateness:
         """(comm, rank) -> the last operator it arrived late into by its own compute gap
         (a late finding the compute-gap veto did not explain)."""
 
-    def add(self, node: str, comm: str, f: Finding | None, rose: bool = False) -> None:
+    def add(self, node: str, comm: str, f: Finding | None, rose: bool = False, step: int | None = None) -> None:
         lw = self.windows[(node, comm)]
         if len(lw) == lw.maxlen and lw[0] is not None:
             self.n_late -= 1
         lw.append(f)
-        self.rose[(node, comm)].append(rose)
+        self.rose[(node, comm)].append((rose, step))
         self.n_late += f is not None
 
     def add_wait(self, node: str, w: float) -> None:

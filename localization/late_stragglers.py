@@ -129,6 +129,9 @@ class LateStragglers:
         self.spread = spread
         self._steps: dict[str, _Steps] = {}
         self._step: dict[str, _Step] = {}
+        self.step_no: dict[str, int] = {}
+        """comm -> how many steps of it opened so far (the step its latest operator is in),
+        once its steps can be told apart."""
         self._wins: dict[str, deque[tuple[int, Finding | None]]] = {}
         self._nranks: dict[str, int] = {}
         self._nodes: dict[str, frozenset[str]] = {}
@@ -159,7 +162,9 @@ class LateStragglers:
             return
         opens = self._steps.setdefault(comm, _Steps()).opens(median(issues))
         if opens is None:
+            self.step_no.pop(comm, None)
             return
+        self.step_no[comm] = self.step_no.get(comm, 0) + bool(opens)
         wins = self._wins.setdefault(comm, deque(maxlen=self.p.late_straggler_steps))
         wins_any = self._wins_any.setdefault(comm, deque(maxlen=self.p.late_straggler_steps))
         if opens:

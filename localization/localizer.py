@@ -282,9 +282,10 @@ class Localizer:
             ev.late.prev[(comm, r.rank)] = r
         if len(ordered) >= p.late_min_ranks and j.judged:
             rose = self._rose(comm, ordered, j.issue_lags)
+            step = ev.late_stragglers.step_no.get(comm) if view.kind in COLLECTIVES else None
             for i in j.judged:
                 r = ordered[i]
-                ev.late.add(r.node, comm, late.get(r.rank), i in rose)
+                ev.late.add(r.node, comm, late.get(r.rank), i in rose, step)
         for node, w in j.waits:
             ev.late.add_wait(node, w)
         missed: list[str] = []

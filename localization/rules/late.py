@@ -173,17 +173,31 @@ def persistence(hits: int, judged: int, min_fill: int, late_frac: float) -> floa
     return min(1.0, hits / (late_frac * judged))
 
 
-def weakly_late(p: LocalizeParams, rose: Iterable[bool] | None, min_fill: int) -> bool:
-    """Whether a node rose by ``late_weak_sigmas`` in so many operators of a communicator's
+def weakly_late(p: LocalizeParams, rose: Iterable[tuple[bool, int | None]] | None, min_fill: int) -> bool:
+    """Whether a node rose by ``late_weak_sigmas`` in so many steps of a communicator's
     window that a healthy rank would do so with chance ``straggler_alpha`` at most: late
     there by less than the full threshold, but late every time. Support only: the node
-    must be late by the full threshold in other communicators (:func:`late_hypotheses`)."""
+    must be late by the full threshold in other communicators (:func:`late_hypotheses`).
+
+    The trials are steps, not operators: a healthy rank's issue times drift from step to
+    step, and a step's buckets drift together (sweep 197 #5, a healthy 4-node tree job:
+    node-01 rose in 9 of 16 buckets, a handful of steps, each bucket counted as a trial of
+    chance 1/6). A step counts as risen when most of its operators in the window did;
+    operators whose steps are not told apart count one each."""
     if rose is None:
         return False
     flags = list(rose)
     if len(flags) < max(min_fill, 1):
         return False
-    return sum(flags) >= tail_count(p.late_weak_chance, len(flags), p.straggler_alpha)
+    trials: list[list[bool]] = []
+    prev: int | None = None
+    for up, step in flags:
+        if step is None or step != prev or not trials:
+            trials.append([])
+        trials[-1].append(up)
+        prev = step
+    risen = sum(1 for t in trials if 2 * sum(t) > len(t))
+    return risen >= tail_count(p.late_weak_chance, len(trials), p.straggler_alpha)
 
 
 def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],

@@ -156,3 +156,30 @@ def test_the_consistent_latest_whatever_it_costs_is_kept_apart_as_support():
     # healthy ranks taking turns: nobody
     for seed in range(3):
         assert _latest(ddp_job(60, seed=seed), params(late_step_frac=0.5)) == (set(), set())
+
+
+def _weak(flags):
+    from pulse.localization.rules.late import weakly_late
+
+    return weakly_late(LocalizeParams(), flags, 8)
+
+
+def test_the_weak_test_counts_steps_not_a_steps_buckets():
+    # A healthy rank drifts from step to step, all of a step's buckets together: 9 of 16
+    # buckets in 3 of 4 steps is one unlucky rank, not a straggler (sweep 197 #5).
+    healthy = [(s in (0, 2, 3) and b < 3, s) for s in range(4) for b in range(4)]
+    assert sum(u for u, _ in healthy) == 9 and not _weak(healthy)
+    # The same flags with no steps to group them by: 9 trials of 16 at 1/6 each.
+    assert _weak([(u, None) for u, _ in healthy])
+    # Risen in every one of 8 steps: a straggler (8 of 8 at 1/6 each).
+    assert _weak([(True, s) for s in range(8) for _ in range(2)])
+    # Risen in 4 steps of 4 is past the tail too; in 3 of 3, never (1/216 > 1e-3).
+    assert _weak([(True, s) for s in range(4) for _ in range(4)])
+    assert not _weak([(True, s) for s in range(3) for _ in range(6)])
+
+
+def test_a_step_counts_as_risen_when_most_of_its_buckets_rose():
+    half = [(b < 2, s) for s in range(8) for b in range(4)]  # 2 of 4 each step: not most
+    assert not _weak(half[-16:])
+    most = [(b < 3, s) for s in range(8) for b in range(4)]
+    assert _weak(most[-16:])  # 4 steps in the window, 3 of 4 buckets each: 4 risen of 4
