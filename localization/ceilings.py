@@ -32,6 +32,11 @@ from pulse.records import OpMetrics
 from .params import LocalizeParams
 from .robust import median
 
+REACH_OPS = 3
+"""Slow records of an all-to-all rank over which :meth:`Ceilings.slow_burst` takes its
+median: one record's figure is noisy (a capped NIC's records 1.02-1.12 of the flat bound,
+an all-to-all's tail flows limited by their receivers)."""
+
 
 class Ceilings:
     """Per (communicator, rank): the busiest epochs of its first ``late_base_ops`` complete
@@ -41,6 +46,27 @@ class Ceilings:
         self.p = p
         self._base: dict[tuple[str, int], list[int]] = {}
         self._recent: dict[tuple[str, int], deque[int]] = {}
+        self._slow: dict[tuple[str, int], deque[float]] = {}
+
+    def slow_burst(self, comm: str, r: OpMetrics) -> float | None:
+        """``r``'s rank was slow both ways in an all-to-all (the peer-rate rule). A NIC held
+        to a rate - its cap - moves the same bytes in every epoch it is active but its
+        first and last, so its busiest epoch is at most n / (n - 2) of its mean active
+        epoch (n active epochs); a NIC that sends in bursts between idle stretches (a host
+        posting late) goes well past it. Returns the median, over the rank's last
+        ``REACH_OPS`` slow records (this one included), of that ratio over its bound: above
+        1, its NIC was not the limit. None without the figure. Measured: a NIC capped at 25
+        and 37.5 % (battery moe-slow-nic) 1.02-1.12 before the bound, a host at 23 % of its
+        CPU (sweep 199 #24) 1.48-2.78, healthy records 1.13-2.05."""
+        pk = r.peak_epoch_bytes
+        n = r.act_ns / r.epoch_ns if r.epoch_ns > 0 else 0.0
+        if pk is None or pk <= 0 or n <= 3 or r.volume_bytes <= 0:
+            return None
+        rec = self._slow.get((comm, r.rank))
+        if rec is None:
+            rec = self._slow[(comm, r.rank)] = deque(maxlen=REACH_OPS)
+        rec.append((pk / (r.volume_bytes / n)) / (n / (n - 2.0)))
+        return median(list(rec))
 
     def capped(self, comm: str, ordered: list[OpMetrics], peers: list[int],
                shared: Callable[[int], bool]) -> dict[int, tuple[float, float]]:

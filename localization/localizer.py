@@ -260,7 +260,11 @@ class Localizer:
         stragglers = ev.stragglers.observe(comm, ordered, [len(e) for e in view.peer_eps])
         capped = (ev.ceilings.capped(comm, ordered, [len(e) for e in view.peer_eps], view.egress_busy)
                   if view.egress_busy is not None else {})
-        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]), stragglers, capped)
+        burst = None
+        if view.kind == GROUPED:
+            def burst(i: int) -> float | None:
+                return ev.ceilings.slow_burst(comm, ordered[i])
+        j = judge(view, p, ev.refs.of(ordered[0]), ev.refs.stretch(ordered[0]), stragglers, capped, burst)
         if all(r.complete for r in ordered):
             ev.refs.add(ordered)
         ev.closed_ops += 1

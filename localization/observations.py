@@ -97,14 +97,18 @@ def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: fl
 
 
 def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None,
-          stragglers: Collection[int] = (), capped: dict[int, tuple[float, float]] | None = None) -> Judgement:
+          stragglers: Collection[int] = (), capped: dict[int, tuple[float, float]] | None = None,
+          burst: Callable[[int], float | None] | None = None) -> Judgement:
     """Observations of one closed operator. ``act_ref``: the job-wide reference ACT of
     operators of this shape (None while too few have been seen); ``stretch``: how far above
     its reference a healthy record of the shape went (:meth:`.evidence.References.stretch`);
     ``stragglers``: indices of records that are their collective's consistent stragglers
     (:class:`.stragglers.Stragglers`), slow whatever the per-operator bound says;
     ``capped``: records whose rank's capacity ceiling fell (:class:`.ceilings.Ceilings`),
-    with (recent, baseline) busiest-epoch bytes: their links are slow whatever the timing."""
+    with (recent, baseline) busiest-epoch bytes: their links are slow whatever the timing;
+    ``burst``: for an all-to-all, called with a record found slow both ways: how far its
+    NIC's busiest epochs went past what a NIC held to one rate shows, over its slow
+    records (:meth:`.ceilings.Ceilings.slow_burst`; above 1: not its capacity)."""
     out = Judgement()
     n = len(view.recs)
     if n == 0:
@@ -136,7 +140,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float
         return out
     out.judged = list(range(n))
     if view.kind == GROUPED:
-        _judge_rate(view, p, act_ref, out)
+        _judge_rate(view, p, act_ref, out, burst)
     else:
         _judge_act(view, p, act_ref, out, stretch, stragglers, capped or {})
     if view.kind in P2P:
@@ -302,7 +306,8 @@ def _judge_resent(view: OpView, p: LocalizeParams, out: Judgement) -> None:
             out.findings.append(f)
 
 
-def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Judgement) -> None:
+def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Judgement,
+                burst: Callable[[int], float | None] | None = None) -> None:
     """``rate_ref``: the job-wide median rank-level rate of grouped operators of this size.
     A rank at a normal rate (vs that reference and its peers) marks its links clean; one
     below it says nothing about *which* of its links is slow (see ``rate_blame``). Records
@@ -310,7 +315,7 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
     rate = view.col("active_rate")
     if rate.size < p.min_ranks:
         return
-    if _judge_peer_rates(view, p, out):
+    if _judge_peer_rates(view, p, out, burst):
         return
     loo = leave_one_out_medians(rate)
     exp = view.col("expected_bytes")
@@ -332,7 +337,8 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
             out.findings.append(f)
 
 
-def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
+def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement,
+                      burst: Callable[[int], float | None] | None = None) -> bool:
     """Grouped P2P with per-peer figures on every record, judged link by link. An
     all-to-all ends together on every rank (each sender's last flow is the one into the
     slowest receiver), so rank-level figures cannot say which NIC is slow; per peer they
@@ -398,6 +404,8 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
     # ways meanwhile - below the operator's median: named network-slow).
     waited = _waited_for_receiver(idx, np.array(begin_l), done, idle, src_l)
     slow_ends = _both_ways(src_l, dst_l, hi < bar, ~waited) - busy - idle
+    if slow_ends and burst is not None:
+        slow_ends -= _bursting(view, idx, slow_ends, burst)
     # bytes beyond what the operator declared for a peer were resent (go-back-N resends
     # whole windows); a lossy NIC loses both ways, so its links out and in carry them
     extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)
@@ -421,6 +429,25 @@ def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement) -> bool:
             continue  # a slow or lossy link at an end that is not so both ways: says nothing
         out.links.append(_link(view, i, dst_l[k], f is not None, f))
     return True
+
+
+def _bursting(view: OpView, idx: list[int], ends: set[str], burst: Callable[[int], float | None]) -> set[str]:
+    """Of ``ends`` (slow both ways), those whose NIC sent in bursts, not held to a rate
+    (``burst``: :meth:`.ceilings.Ceilings.slow_burst` above 1). A NIC that lost capacity
+    runs flat at its cap through its slow records; a host that posts late (starved of
+    CPU) leaves its NIC idle between posts and sends each at line rate (sweep 199 #24: a
+    host at 23 % of its CPU under MoE, its links 0.49-0.78 of the operator's median rate
+    both ways, its NIC busy in every 64 us epoch yet its busiest epochs 1.5-2.8x its mean
+    one; named network-slow). Records without the figure (before op-metrics v3) keep the
+    finding."""
+    out: set[str] = set()
+    for i in set(idx):
+        e = view.endpoints[i]
+        if e in ends:
+            got = burst(i)
+            if got is not None and got > 1.0:
+                out.add(e)
+    return out
 
 
 def _waited_for_receiver(idx: list[int], begin: np.ndarray, done: np.ndarray, idle: set[str],

@@ -20,10 +20,11 @@ LINK_NS = 640_000        # a healthy link's time: 20 epochs
 
 
 def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False, comm: str = "ep0",
-              surplus=None, idle=None) -> list[OpMetrics]:
+              surplus=None, idle=None, peak=None) -> list[OpMetrics]:
     """``link_factor(seq, src, dst) -> f``: the link's time is LINK_NS x f; ``surplus(seq,
     src, dst) -> s``: the link carried s x the bytes declared for it (resent); ``idle(seq,
-    rank) -> f``: the rank's NIC was active f of its record's span."""
+    rank) -> f``: the rank's NIC was active f of its record's span; ``peak(seq, rank) -> f``:
+    its busiest epoch carried f x a healthy NIC's (op-metrics v3; None: no figure)."""
     rng = np.random.default_rng(seed)
     out = []
     for seq in range(ops):
@@ -45,7 +46,9 @@ def _alltoall(link_factor, ops: int = 40, seed: int = 0, imbalance: bool = False
                                  volume_bytes=vol, expected_bytes=sum(want), complete=True, active_rate=vol / (act * 1e-9),
                                  flows=len(peers), epoch_ns=synth.EPOCH, nics=["mlx5_0"], t_host_ns=start - 50_000,
                                  peer_ranks=peers, peer_done_ns=done, peer_bytes=nb,
-                                 peer_expected_bytes=want))
+                                 peer_expected_bytes=want,
+                                 peak_epoch_bytes=None if peak is None else int(
+                                     peak(seq, r) * (N - 1) * BYTES * synth.EPOCH / LINK_NS * rng.uniform(0.95, 1.0))))
     return out
 
 
@@ -202,3 +205,23 @@ def test_links_into_a_receiver_that_posted_late_are_not_its_downlink():
     out = _judged(_a2a_op(late_rx=False))
     assert {f.node for f in out.findings} == {synth.node(r) for r in range(4)}
     assert {lk.dst for lk in out.links if lk.slow} | {lk.src for lk in out.links if lk.slow} >= {"node-03/mlx5_0"}
+
+
+def _slow_at_3(seq, src, dst):
+    return 1 / 0.45 if seq >= ONSET and 3 in (src, dst) else 1.0
+
+
+def test_a_nic_whose_busiest_epochs_fell_to_its_links_rate_is_network_slow():
+    # A NIC at 45 %: no epoch of it carries more than 45 % of what it used to.
+    ms = _alltoall(_slow_at_3, peak=lambda seq, r: 0.45 if seq >= ONSET and r == 3 else 1.0)
+    assert culprits(localize(ms, _events(), LocalizeParams())) == {("network-slow", "node", ("node-03",))}
+
+
+def test_links_slow_both_ways_at_a_nic_that_still_bursts_at_line_rate_are_not_its_nic():
+    # A host starved of CPU posts its sends and receives late: its links run at 45 % of
+    # the operator's median both ways, its NIC busy all along, but every post goes out at
+    # line rate (sweep 199 #24).
+    ms = _alltoall(_slow_at_3, peak=lambda seq, r: 0.9 if seq >= ONSET and r == 3 else 1.0)
+    assert not {c for c in culprits(localize(ms, _events(), LocalizeParams())) if c[0] == "network-slow"}
+    # Without the figure (records before op-metrics v3) the links still name it.
+    assert culprits(_run(_slow_at_3)) == {("network-slow", "node", ("node-03",))}
