@@ -142,11 +142,17 @@ def test_live_a_node_whose_data_lags_in_the_pipeline_keeps_holding():
     assert [(m.seq, m.rank) for m in al.ready(2.0)] == [(0, 0), (0, 1), (0, 2)]
 
 
-def test_live_a_node_whose_data_stopped_or_went_on_without_records_no_longer_holds():
-    al = _Aligner(hold_ns=S, idle_s=10.0)
+def _two_nodes_9_s_on(idle_s: float, now: float) -> _Aligner:
+    """Nodes 0 and 1 reported seq 0 and seq 9 (9 s of trace later); node-02 nothing."""
+    al = _Aligner(hold_ns=S, idle_s=idle_s)
     for r in (0, 1):
-        al.add(_m("a", 0, r, 1_000 * MS), now=1.0)
-        al.add(_m("a", 9, r, 9_000 * MS), now=1.0)
+        al.add(_m("a", 0, r, 1_000 * MS), now=now)
+        al.add(_m("a", 9, r, 9_000 * MS), now=now)
+    return al
+
+
+def test_live_a_node_whose_data_stopped_or_went_on_without_records_no_longer_holds():
+    al = _two_nodes_9_s_on(10.0, 1.0)
     al.observe_data_end("node-02", 600 * MS, now=1.0)
     assert al.ready(1.5) == []  # its data moved within the hold (the hold read as wall time)
     assert [(m.seq, m.rank) for m in al.ready(2.1)][:2] == [(0, 0), (0, 1)]  # no data for 1.1 s
@@ -160,9 +166,6 @@ def test_live_a_node_whose_data_stopped_or_went_on_without_records_no_longer_hol
 
 
 def test_offline_the_bounds_stay_in_trace_time():
-    al = _Aligner(hold_ns=S, idle_s=0.5)
-    for r in (0, 1):
-        al.add(_m("a", 0, r, 1_000 * MS), now=0.0)
-        al.add(_m("a", 9, r, 9_000 * MS), now=0.0)
+    al = _two_nodes_9_s_on(0.5, 0.0)
     al.observe_data_end("node-02", 600 * MS, now=0.0)
     assert [(m.seq, m.rank) for m in al.ready(0.0)][:2] == [(0, 0), (0, 1)]
