@@ -57,7 +57,7 @@ class Ceilings:
         ``REACH_OPS`` slow records (this one included), of that ratio over its bound: above
         1, its NIC was not the limit. None without the figure. Measured: a NIC capped at 25
         and 37.5 % (battery moe-slow-nic) 1.02-1.12 before the bound, a host at 23 % of its
-        CPU (sweep 199 #24) 1.48-2.78, healthy records 1.13-2.05."""
+        CPU (sweep 199 #12) 1.48-2.78, healthy records 1.13-2.05."""
         pk = r.peak_epoch_bytes
         n = r.act_ns / r.epoch_ns if r.epoch_ns > 0 else 0.0
         if pk is None or pk <= 0 or n <= 3 or r.volume_bytes <= 0:

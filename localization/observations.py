@@ -435,7 +435,7 @@ def _bursting(view: OpView, idx: list[int], ends: set[str], burst: Callable[[int
     """Of ``ends`` (slow both ways), those whose NIC sent in bursts, not held to a rate
     (``burst``: :meth:`.ceilings.Ceilings.slow_burst` above 1). A NIC that lost capacity
     runs flat at its cap through its slow records; a host that posts late (starved of
-    CPU) leaves its NIC idle between posts and sends each at line rate (sweep 199 #24: a
+    CPU) leaves its NIC idle between posts and sends each at line rate (sweep 199 #12: a
     host at 23 % of its CPU under MoE, its links 0.49-0.78 of the operator's median rate
     both ways, its NIC busy in every 64 us epoch yet its busiest epochs 1.5-2.8x its mean
     one; named network-slow). Records without the figure (before op-metrics v3) keep the

@@ -220,7 +220,7 @@ def test_a_nic_whose_busiest_epochs_fell_to_its_links_rate_is_network_slow():
 def test_links_slow_both_ways_at_a_nic_that_still_bursts_at_line_rate_are_not_its_nic():
     # A host starved of CPU posts its sends and receives late: its links run at 45 % of
     # the operator's median both ways, its NIC busy all along, but every post goes out at
-    # line rate (sweep 199 #24).
+    # line rate (sweep 199 #12).
     ms = _alltoall(_slow_at_3, peak=lambda seq, r: 0.9 if seq >= ONSET and r == 3 else 1.0)
     assert not {c for c in culprits(localize(ms, _events(), LocalizeParams())) if c[0] == "network-slow"}
     # Without the figure (records before op-metrics v3) the links still name it.
