@@ -19,6 +19,11 @@ Physical facts relied on:
   own recent epochs, which a cap pins - are taken as capped, and only when their drop is
   their own (well below the operator's median drop: a whole job that changes its buckets
   changes every ceiling alike).
+* A NIC held to a rate is also flat within a record: every active epoch but its first and
+  last carries the same bytes, so its busiest epoch is at most n / (n - 2) of its mean
+  active epoch; a NIC fed in bursts by late posts goes past that (:meth:`Ceilings.slow_burst`,
+  read by the all-to-all peer-rate rule, where an all-to-all's busiest epoch sums its flows
+  to every peer and is not compared across records).
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pulse.records import OpMetrics
 from .params import LocalizeParams
 from .robust import median
 
-REACH_OPS = 3
+BURST_OPS = 3
 """Slow records of an all-to-all rank over which :meth:`Ceilings.slow_burst` takes its
 median: one record's figure is noisy (a capped NIC's records 1.02-1.12 of the flat bound,
 an all-to-all's tail flows limited by their receivers)."""
@@ -40,7 +45,9 @@ an all-to-all's tail flows limited by their receivers)."""
 
 class Ceilings:
     """Per (communicator, rank): the busiest epochs of its first ``late_base_ops`` complete
-    records (its baseline) and of its last ``ceiling_ops``."""
+    records (its baseline) and of its last ``ceiling_ops`` (rings and tree leaves:
+    :meth:`capped`); for an all-to-all's ranks, how bursty its last slow records were
+    (:meth:`slow_burst`)."""
 
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
@@ -54,7 +61,7 @@ class Ceilings:
         first and last, so its busiest epoch is at most n / (n - 2) of its mean active
         epoch (n active epochs); a NIC that sends in bursts between idle stretches (a host
         posting late) goes well past it. Returns the median, over the rank's last
-        ``REACH_OPS`` slow records (this one included), of that ratio over its bound: above
+        ``BURST_OPS`` slow records (this one included), of that ratio over its bound: above
         1, its NIC was not the limit. None without the figure. Measured: a NIC capped at 25
         and 37.5 % (battery moe-slow-nic) 1.02-1.12 before the bound, a host at 23 % of its
         CPU (sweep 199 #12) 1.48-2.78, healthy records 1.13-2.05."""
@@ -64,7 +71,7 @@ class Ceilings:
             return None
         rec = self._slow.get((comm, r.rank))
         if rec is None:
-            rec = self._slow[(comm, r.rank)] = deque(maxlen=REACH_OPS)
+            rec = self._slow[(comm, r.rank)] = deque(maxlen=BURST_OPS)
         rec.append((pk / (r.volume_bytes / n)) / (n / (n - 2.0)))
         return median(list(rec))
 
