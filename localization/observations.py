@@ -29,71 +29,19 @@ in between; see docs/localization.md, "Clock skew".
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Collection
 
 import numpy as np
 
 from pulse.events import GROUPED, P2P
-from pulse.records import OpMetrics
 
-from .finding import ABSENT, ACT, CEILING, ISSUE_LAG, LATE, MISSING, STALL, Finding, LinkObs, lateness
+from .finding import ABSENT, ACT, CEILING, ISSUE_LAG, LATE, MISSING, STALL, Finding, lateness
+from .opview import Judgement, OpView, finding_of, link_of, rate_bounds
 from .params import LocalizeParams
+from .peer_rates import judge_peer_rates
 from .robust import leave_one_out_medians, median
 
-
-@dataclasses.dataclass
-class Judgement:
-    links: list[LinkObs] = dataclasses.field(default_factory=list)
-    findings: list[Finding] = dataclasses.field(default_factory=list)
-    waits: list[tuple[str, float]] = dataclasses.field(default_factory=list)
-    judged: list[int] = dataclasses.field(default_factory=list)
-    """Indices of records that were compared (clean ones count as health)."""
-    issue_lags: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-    """(record index, how much later than its peers' median it issued, clocks as read) of
-    a collective whose traffic is normal: judged against the rank's own history
-    (:class:`.late_baselines.LateBaselines`), which cancels its clock offset."""
-    arrivals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
-    """The same issue lags for every complete collective, slow traffic or not: an issue
-    comes before the operator's traffic, so its own slowness cannot move it (the
-    consistent-latest test, :mod:`.late_stragglers`)."""
-
-
-@dataclasses.dataclass
-class OpView:
-    """One closed operator: its ranks' records in rank order, plus per-rank context."""
-
-    comm_id: str
-    seq: int
-    kind: str
-    members: dict[int, str]
-    recs: list[OpMetrics]
-    endpoints: list[str]
-    peer_eps: list[tuple[str, ...]]
-    stalled: list[bool]
-    """Per record: incomplete and without progress for long enough to be a stall."""
-    endpoint_of: Callable[[int], str] | None = None
-    """The endpoint of any member rank (for records that name their peers one by one)."""
-    egress_busy: Callable[[int], bool] | None = None
-    """Per record index: whether a record of another kind shared its NIC meanwhile."""
-
-    def col(self, name: str) -> np.ndarray:
-        return np.array([getattr(r, name) for r in self.recs], dtype=np.float64)
-
-    @property
-    def missing(self) -> list[int]:
-        """Member ranks with no record. Point-to-point operators only have a record on
-        the sending side (the receiver sends no data), so they never miss anyone."""
-        if self.kind in P2P:
-            return []
-        present = {r.rank for r in self.recs}
-        return sorted(r for r in self.members if r not in present)
-
-
-def _finding(view: OpView, i: int, kind: str, metric: str, value: float, ref: float) -> Finding:
-    r = view.recs[i]
-    return Finding(kind, view.comm_id, view.seq, r.rank, r.node, view.endpoints[i], float(value), float(ref),
-                   metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows, r.epoch_ns)
+__all__ = ["Judgement", "OpView", "judge", "rate_bounds", "slow_act_bound"]
 
 
 def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float | None = None,
@@ -135,7 +83,7 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float
             frac = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
             for i in [i for i, c in enumerate(complete) if not c]:
                 if view.stalled[int(i)] and not _stalled_on_late_peer(view, int(i), p):
-                    out.findings.append(_finding(view, int(i), STALL, "sent_fraction", frac[i],
+                    out.findings.append(finding_of(view, int(i), STALL, "sent_fraction", frac[i],
                                                  median(np.delete(frac, i)) if n > 1 else 1.0))
         return out
     out.judged = list(range(n))
@@ -204,21 +152,6 @@ def slow_act_bound(ref: float, epoch: float, p: LocalizeParams) -> float:
     return p.act_ratio * (ref + epoch) + epoch
 
 
-def rate_bounds(r: OpMetrics) -> tuple[float, float]:
-    """(lowest, highest) rate (bytes/ns) a record's NIC may have sent at while active: its
-    ACT counts active epochs, so the time it stands for is known to an epoch either way
-    (from two epochs on; a one-epoch record's highest is taken at one epoch)."""
-    if r.act_ns <= 0 or r.volume_bytes <= 0:
-        return 0.0, 0.0
-    e = float(r.epoch_ns)
-    return r.volume_bytes / (r.act_ns + e), r.volume_bytes / max(r.act_ns - e, e)
-
-
-def _link(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> LinkObs:
-    lo, hi = rate_bounds(view.recs[i])
-    return LinkObs(view.endpoints[i], dst, slow, f, view.recs[i].end_ns, lo, hi, len(view.peer_eps[i]) > 1)
-
-
 def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgement,
                stretch: float | None = None, stragglers: Collection[int] = (),
                capped: dict[int, tuple[float, float]] | None = None) -> None:
@@ -268,16 +201,16 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
         blamed = timed or resent[i] or i in capped
         f = None
         if resent[i]:
-            f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
+            f = finding_of(view, i, ACT, "volume_ratio", vol[i], 1.0)
         elif timed:
-            f = _finding(view, i, ACT, "act_ns", act[i], ref)
+            f = finding_of(view, i, ACT, "act_ns", act[i], ref)
             if act[i] >= near:
                 f.consistent = True
         elif blamed:
-            f = _finding(view, i, ACT, CEILING, *capped[i])
+            f = finding_of(view, i, ACT, CEILING, *capped[i])
         if not slow_op or blamed:
             for d in view.peer_eps[i]:
-                out.links.append(_link(view, i, d, blamed, f))
+                out.links.append(link_of(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
 
@@ -286,9 +219,9 @@ def _judge_capped(view: OpView, out: Judgement, capped: dict[int, tuple[float, f
     """Capped ceilings alone, for an operator whose ACT says nothing (no reference yet):
     only their links are observed, as with resent bytes."""
     for i, (top, base) in capped.items():
-        f = _finding(view, i, ACT, CEILING, top, base)
+        f = finding_of(view, i, ACT, CEILING, top, base)
         for d in view.peer_eps[i]:
-            out.links.append(_link(view, i, d, True, f))
+            out.links.append(link_of(view, i, d, True, f))
         out.findings.append(f)
 
 
@@ -300,9 +233,9 @@ def _judge_resent(view: OpView, p: LocalizeParams, out: Judgement) -> None:
     links are observed: a link whose timing was not compared is not seen clean."""
     for i, r in enumerate(view.recs):
         if r.expected_bytes > 0 and r.volume_bytes >= (1.0 + p.vol_excess) * r.expected_bytes:
-            f = _finding(view, i, ACT, "volume_ratio", r.volume_bytes / r.expected_bytes, 1.0)
+            f = finding_of(view, i, ACT, "volume_ratio", r.volume_bytes / r.expected_bytes, 1.0)
             for d in view.peer_eps[i]:
-                out.links.append(_link(view, i, d, True, f))
+                out.links.append(link_of(view, i, d, True, f))
             out.findings.append(f)
 
 
@@ -311,11 +244,11 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
     """``rate_ref``: the job-wide median rank-level rate of grouped operators of this size.
     A rank at a normal rate (vs that reference and its peers) marks its links clean; one
     below it says nothing about *which* of its links is slow (see ``rate_blame``). Records
-    that carry per-peer figures are judged link by link instead (:func:`_judge_peer_rates`)."""
+    that carry per-peer figures are judged link by link instead (:func:`.peer_rates.judge_peer_rates`)."""
     rate = view.col("active_rate")
     if rate.size < p.min_ranks:
         return
-    if _judge_peer_rates(view, p, out, burst):
+    if judge_peer_rates(view, p, out, burst):
         return
     loo = leave_one_out_medians(rate)
     exp = view.col("expected_bytes")
@@ -328,161 +261,13 @@ def _judge_rate(view: OpView, p: LocalizeParams, rate_ref: float | None, out: Ju
             continue
         f = None
         if resent:
-            f = _finding(view, i, ACT, "volume_ratio", vol[i], 1.0)
+            f = finding_of(view, i, ACT, "volume_ratio", vol[i], 1.0)
         elif blamed:
-            f = _finding(view, i, ACT, "active_rate", rate[i], loo[i])
+            f = finding_of(view, i, ACT, "active_rate", rate[i], loo[i])
         for d in view.peer_eps[i]:
-            out.links.append(_link(view, i, d, blamed, f))
+            out.links.append(link_of(view, i, d, blamed, f))
         if f is not None:
             out.findings.append(f)
-
-
-def _judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement,
-                      burst: Callable[[int], float | None] | None = None) -> bool:
-    """Grouped P2P with per-peer figures on every record, judged link by link. An
-    all-to-all ends together on every rank (each sender's last flow is the one into the
-    slowest receiver), so rank-level figures cannot say which NIC is slow; per peer they
-    can. A link's rate is bytes / time from its sender's first byte to its last byte to
-    that peer (one clock), taken an epoch shorter (the quantisation bound), against the
-    operator's median link. A NIC that lost capacity is slow both ways: more than half of
-    its links out and of its links in are below ``rate_ratio`` of the operator's median,
-    while every other endpoint has one slow link each way (into and out of it). A receiver
-    whose downlink also carries another communicator's traffic (a pipeline stage's
-    activations) is slow only inward; one whose NIC sent records of another kind meanwhile
-    (its own clock) is not taken as slow out: its egress was shared. A link is
-    slow when its own rate is below the bar and an end of it is slow both ways; the link
-    rules then find the node on all of them. Returns False (nothing judged) when a
-    record lacks the figures."""
-    if view.endpoint_of is None or any(r.peer_ranks is None for r in view.recs):
-        return False
-    epoch = float(view.recs[0].epoch_ns)
-    src_l: list[str] = []
-    dst_l: list[str] = []
-    idx: list[int] = []
-    nb_l: list[float] = []
-    done_l: list[float] = []
-    want_l: list[float] = []
-    begin_l: list[float] = []
-    for i, r in enumerate(view.recs):
-        me = view.endpoints[i]
-        wants = r.peer_expected_bytes or [0] * len(r.peer_ranks)  # type: ignore[arg-type]
-        begins = r.peer_start_ns or [-1] * len(r.peer_ranks)  # type: ignore[arg-type]
-        for pr, t, b, w, t0 in zip(r.peer_ranks, r.peer_done_ns, r.peer_bytes, wants, begins,  # type: ignore[arg-type]
-                                   strict=True):
-            dst = view.endpoint_of(pr)
-            if t <= 0 or b <= 0 or dst.split("/", 1)[0] in (r.node, "?"):
-                continue  # no wire between them (or the peer's node is not known yet)
-            src_l.append(me)
-            dst_l.append(dst)
-            idx.append(i)
-            nb_l.append(float(b))
-            done_l.append(float(t))
-            want_l.append(float(w))
-            begin_l.append(float(t0))
-    if len(nb_l) < p.min_ranks:
-        return False
-    nb = np.array(nb_l)
-    done = np.array(done_l)
-    want = np.array(want_l)
-    point = nb / done
-    ref = median(point)
-    if ref <= 0:
-        return False
-    bar = p.rate_ratio * ref
-    hi = nb / np.maximum(done - epoch, epoch)
-    busy = {view.endpoints[i] for i in set(idx) if view.egress_busy is not None and view.egress_busy(i)}
-    # A capped NIC is active through its whole record; a starved host posts late and leaves
-    # it idle between posts (sweep 61 #3: a host at a third of its CPU, its all-to-all
-    # records active 0.76-0.97 of their span, its links slow both ways, named network-slow;
-    # every NIC-capped or lossy culprit seen, 1.0): idle epochs are not the NIC's capacity.
-    idle = {view.endpoints[i] for i in set(idx)
-            if view.recs[i].act_ns < view.recs[i].duration_ns - view.recs[i].epoch_ns}
-    # A link into a receiver that posted its receive late is slow by the wait, not by the
-    # wire, and says nothing of the receiver's downlink (sweep 157 #11: a GPU at x1.27, its
-    # rank 0.35-1.1 ms late into 4-rank all-to-alls, every link into it "slow", and its own
-    # sends - all at once, sharing its NIC three ways where its peers had shared theirs two
-    # ways meanwhile - below the operator's median: named network-slow).
-    waited = _waited_for_receiver(idx, np.array(begin_l), done, idle, src_l)
-    slow_ends = _both_ways(src_l, dst_l, hi < bar, ~waited) - busy - idle
-    if slow_ends and burst is not None:
-        slow_ends -= _bursting(view, idx, slow_ends, burst)
-    # bytes beyond what the operator declared for a peer were resent (go-back-N resends
-    # whole windows); a lossy NIC loses both ways, so its links out and in carry them
-    extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)
-    lossy = extra >= 1.0 + p.vol_excess
-    lossy_ends = _both_ways(src_l, dst_l, lossy)
-    exp = view.col("expected_bytes")
-    vol = np.where(exp > 0, view.col("volume_bytes") / np.maximum(exp, 1.0), 1.0)
-    # network-only mode's inferred records: rank-level surplus (their peers are not known)
-    resent = ({i: _finding(view, i, ACT, "volume_ratio", v, 1.0) for i, v in enumerate(vol.tolist())
-               if v >= 1.0 + p.vol_excess} if p.grouped_resent else {})
-    out.findings += resent.values()
-    for k, i in enumerate(idx):
-        f = resent.get(i)
-        if f is None and lossy[k] and (src_l[k] in lossy_ends or dst_l[k] in lossy_ends):
-            f = dataclasses.replace(_finding(view, i, ACT, "volume_ratio", extra[k], 1.0), peer_eps=(dst_l[k],))
-            out.findings.append(f)
-        elif f is None and hi[k] < bar and (src_l[k] in slow_ends or dst_l[k] in slow_ends):
-            f = dataclasses.replace(_finding(view, i, ACT, "peer_rate", point[k], ref), peer_eps=(dst_l[k],))
-            out.findings.append(f)
-        elif f is None and (point[k] < bar or lossy[k]):
-            continue  # a slow or lossy link at an end that is not so both ways: says nothing
-        out.links.append(_link(view, i, dst_l[k], f is not None, f))
-    return True
-
-
-def _bursting(view: OpView, idx: list[int], ends: set[str], burst: Callable[[int], float | None]) -> set[str]:
-    """Of ``ends`` (slow both ways), those whose NIC sent in bursts, not held to a rate
-    (``burst``: :meth:`.ceilings.Ceilings.slow_burst` above 1). A NIC that lost capacity
-    runs flat at its cap through its slow records; a host that posts late (starved of
-    CPU) leaves its NIC idle between posts and sends each at line rate (sweep 199 #12: a
-    host at 23 % of its CPU under MoE, its links 0.49-0.78 of the operator's median rate
-    both ways, its NIC busy in every 64 us epoch yet its busiest epochs 1.5-2.8x its mean
-    one; named network-slow). Records without the figure (before op-metrics v3) keep the
-    finding."""
-    out: set[str] = set()
-    for i in set(idx):
-        e = view.endpoints[i]
-        if e in ends:
-            got = burst(i)
-            if got is not None and got > 1.0:
-                out.add(e)
-    return out
-
-
-def _waited_for_receiver(idx: list[int], begin: np.ndarray, done: np.ndarray, idle: set[str],
-                         src: list[str]) -> np.ndarray:
-    """Per link, whether its flow waited for its receiver to post: a flow starts when its
-    receiver has posted the receive, and a sender's flows to receivers on time start
-    together, so one that began only once half the sender's other flows had ended waited
-    (its sender's clock alone). A capped receiver's flow starts with the others and lasts.
-    Records without first-byte figures (``begin`` < 0) say it by their sender idling
-    within its record (nothing to send meanwhile: a capped receiver keeps it busy)."""
-    out = np.zeros(begin.size, np.bool_)
-    ix = np.array(idx)
-    for i in set(idx):
-        ks = np.flatnonzero(ix == i)
-        if begin[ks[0]] < 0:
-            out[ks] = src[ks[0]] in idle
-        elif ks.size > 1:
-            out[ks] = begin[ks] >= leave_one_out_medians(done[ks])
-    return out
-
-
-def _both_ways(src: list[str], dst: list[str], flag: np.ndarray, inward: np.ndarray | None = None) -> set[str]:
-    """Endpoints more than half of whose links out, and more than half of whose links in,
-    are flagged. A faulty NIC's links are all flagged; every other endpoint has one link
-    each way with it, at most half of its links from three ranks on. ``inward``: the links
-    that count for their receiver (default all); an endpoint with none counted is not
-    slow inward."""
-    def shares(ends: list[str], use: np.ndarray) -> dict[str, float]:
-        keys, inv = np.unique(np.array(ends), return_inverse=True)
-        n = np.bincount(inv, weights=use.astype(np.float64), minlength=keys.size)
-        hit = np.bincount(inv, weights=(flag & use).astype(np.float64), minlength=keys.size)
-        return {k: h / c for k, h, c in zip(keys.tolist(), hit.tolist(), n.tolist(), strict=True) if c > 0}
-    every = np.ones(flag.size, np.bool_)
-    out_s, in_s = shares(src, every), shares(dst, every if inward is None else inward)
-    return {e for e, x in out_s.items() if x > 0.5 and in_s.get(e, 0.0) > 0.5}
 
 
 def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:
@@ -505,12 +290,12 @@ def _judge_late(view: OpView, p: LocalizeParams, out: Judgement) -> None:
         ref = median(np.delete(span, i))
         lag = ref - span[i] - early[i]
         if lag >= p.late_min_ns and lag >= p.late_ratio * max(ref, 0.0):
-            out.findings.append(_finding(view, i, LATE, "issue_to_end_ns", span[i], ref))
+            out.findings.append(finding_of(view, i, LATE, "issue_to_end_ns", span[i], ref))
         elif collective and issue_lag[i] >= p.late_min_ns + p.clock_skew_ns \
                 and issue_lag[i] >= p.late_ratio * max(ref, 0.0):
             # A rank starved of CPU is slow at its own communication too: its end comes late
             # and its span grows by part of its lateness (lab, CPU quota). Its issue came
             # late all the same, by a lag read across clocks: one skew bound more.
-            out.findings.append(_finding(view, i, LATE, ISSUE_LAG, issue_lag[i], 0.0))
+            out.findings.append(finding_of(view, i, LATE, ISSUE_LAG, issue_lag[i], 0.0))
     if collective:
         out.issue_lags = list(enumerate(issue_lag.tolist()))

@@ -184,18 +184,17 @@ def account(soak: Any, streamed_s: float) -> dict[str, Any]:
         with contextlib.suppress(Exception):
             verdicts.append(decode_verdict(orjson.dumps(v)))
     below = below_restart_offsets(soak)
+    opened: dict[str, dict[str, dict[str, Any]]] = collections.defaultdict(dict)  # job -> id -> first record
+    for i in incidents:
+        opened[str(i.get("job"))].setdefault(str(i.get("id")), i)
     for rep in soak.replays:
         rep["complete"] = "ended_s" in rep
         rep["inputs_at_broker"] = soak.job_inputs.get(rep["job"], 0)
         rep["op_records"] = len(soak.job_op_records.get(rep["job"], ()))
-        seen = [soak.seen_at[str(i.get("id"))] for i in incidents
-                if i.get("job") == rep["job"] and str(i.get("id")) in soak.seen_at]
+        mine = opened.get(rep["job"], {})
+        seen = [soak.seen_at[k] for k in mine if k in soak.seen_at]
         rep["first_incident_seen_s"] = min(seen) if seen else None
-        firsts: dict[str, dict[str, Any]] = {}
-        for i in incidents:
-            if i.get("job") == rep["job"]:
-                firsts.setdefault(str(i.get("id")), i)
-        rep["incidents_opened"] = [{"kind": i.get("kind"), "nodes": i.get("nodes")} for i in firsts.values()]
+        rep["incidents_opened"] = [{"kind": i.get("kind"), "nodes": i.get("nodes")} for i in mine.values()]
     # A replay segmented in full gives every record the same trace gives in any replay.
     full = collections.Counter[str]()
     for rep in soak.replays:

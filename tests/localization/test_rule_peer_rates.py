@@ -185,14 +185,15 @@ def _a2a_op(late_rx: bool, starts: bool = True) -> list[OpMetrics]:
 
 
 def _judged(recs: list[OpMetrics]):
-    from pulse.localization.observations import Judgement, OpView, _judge_peer_rates
+    from pulse.localization.opview import Judgement, OpView
+    from pulse.localization.peer_rates import judge_peer_rates
 
     eps = [f"{synth.node(r)}/mlx5_0" for r in range(4)]
     view = OpView("ep0", 0, "GroupP2P", {r: synth.node(r) for r in range(4)}, recs, eps,
                   [tuple(x for j, x in enumerate(eps) if j != i) for i in range(4)], [False] * 4,
                   endpoint_of=lambda r: eps[r])
     out = Judgement()
-    assert _judge_peer_rates(view, LocalizeParams(), out)
+    assert judge_peer_rates(view, LocalizeParams(), out)
     return out
 
 
