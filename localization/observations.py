@@ -196,8 +196,19 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             for i, a in enumerate(act)]
     resent = [v >= 1.0 + p.vol_excess for v in vol]
     slow_op = any(slow) or any(resent) or bool(capped)
+    paced = _paced_by_cap(capped, ref, epoch)
     for i in range(len(act)):
         timed = slow[i] and act[i] >= top_from
+        if timed and i not in capped and not resent[i] and i not in stragglers and act[i] <= paced:
+            # A collective goes at the pace of its slowest link: with a rank's capacity
+            # ceiling fallen in this operator, every rank's ACT stretches up to as far as the
+            # cap slowed it, and which of them lands in the top epoch is quantisation (sweep
+            # 229 #9: a NIC at 39 % in an 11-rank ring at 96 us epochs, ranks 0, 8, 9 and 10
+            # as often in the top epoch as the capped ranks 6 and 7; their links were named
+            # a path). Their links did what they were asked: clean.
+            for d in view.peer_eps[i]:
+                out.links.append(link_of(view, i, d, False, None))
+            continue
         blamed = timed or resent[i] or i in capped
         f = None
         if resent[i]:
@@ -213,6 +224,17 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 out.links.append(link_of(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
+
+
+def _paced_by_cap(capped: dict[int, tuple[float, float]], ref: float, epoch: float) -> float:
+    """The longest ACT a record paced by the operator's capped ranks may show: a cap at
+    ``top`` bytes per epoch against a baseline of ``base`` slows what crossed it at most
+    ``base / top`` times, each ACT an epoch either way (:func:`slow_act_bound`). -inf
+    without a cap."""
+    if not capped:
+        return float("-inf")
+    slowdown = max(base / top for top, base in capped.values() if top > 0)
+    return slowdown * (ref + epoch) + epoch
 
 
 def _judge_capped(view: OpView, out: Judgement, capped: dict[int, tuple[float, float]]) -> None:
