@@ -28,12 +28,14 @@ Physical facts relied on:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 
 from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
+from .finding import burst_of
 from .params import LocalizeParams
 from .robust import median
 
@@ -65,14 +67,13 @@ class Ceilings:
         1, its NIC was not the limit. None without the figure. Measured: a NIC capped at 25
         and 37.5 % (battery moe-slow-nic) 1.02-1.12 before the bound, a host at 23 % of its
         CPU (sweep 199 #12) 1.48-2.78, healthy records 1.13-2.05."""
-        pk = r.peak_epoch_bytes
-        n = r.act_ns / r.epoch_ns if r.epoch_ns > 0 else 0.0
-        if pk is None or pk <= 0 or n <= 3 or r.volume_bytes <= 0:
+        b = burst_of(r.peak_epoch_bytes, r.volume_bytes, r.act_ns, r.epoch_ns)
+        if math.isnan(b):
             return None
         rec = self._slow.get((comm, r.rank))
         if rec is None:
             rec = self._slow[(comm, r.rank)] = deque(maxlen=BURST_OPS)
-        rec.append((pk / (r.volume_bytes / n)) / (n / (n - 2.0)))
+        rec.append(b)
         return median(list(rec))
 
     def capped(self, comm: str, ordered: list[OpMetrics], peers: list[int],

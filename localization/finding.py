@@ -64,6 +64,13 @@ class Finding:
     consistent: bool = False
     """Slow as its collective's consistent straggler (:mod:`.stragglers`): tested across
     operators already, not by this operator's timing alone."""
+    burst: float = float("nan")
+    """The record's busiest epoch over its mean active epoch, over the most a NIC held to
+    one rate shows, n / (n - 2) for n active epochs (its first and last may be partial):
+    at most 1 when one rate held it throughout (a cap: a path at 24 % of its rate,
+    0.98-0.99), above when it went faster in some epochs than in others (healthy ring
+    sends 1.03-1.2, a starved host's 1.0-1.85, sends into a congested downlink 1.4-2.9).
+    NaN: unknown, or too few epochs to tell (:func:`burst_of`)."""
 
     def busy(self) -> bool:
         """An ACT finding whose record was active through its span (within an epoch): what
@@ -79,6 +86,14 @@ class Finding:
     def evidence(self) -> dict[str, Any]:
         return {"comm_id": self.comm_id, "seq": self.seq, "rank": self.rank, "node": self.node,
                 "metric": self.metric, "value": _round(self.value), "reference": _round(self.peers)}
+
+
+def burst_of(peak_bytes: float | None, volume_bytes: float, act_ns: float, epoch_ns: float) -> float:
+    """:attr:`Finding.burst` of a record (NaN under 4 active epochs or without its peak)."""
+    n = act_ns / epoch_ns if epoch_ns > 0 else 0.0
+    if peak_bytes is None or peak_bytes <= 0 or n <= 3 or volume_bytes <= 0:
+        return float("nan")
+    return peak_bytes / (volume_bytes / n) / (n / (n - 2.0))
 
 
 @dataclasses.dataclass

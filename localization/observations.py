@@ -219,7 +219,9 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 f.consistent = True
         elif blamed:
             f = finding_of(view, i, ACT, CEILING, *capped[i])
-        if not slow_op or blamed:
+        if not slow_op or blamed or not slow[i]:
+            # a record within the bound moved its bytes at a normal pace, whatever the
+            # operator's other records did: its links are seen clean
             for d in view.peer_eps[i]:
                 out.links.append(link_of(view, i, d, blamed, f))
             if blamed:

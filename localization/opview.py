@@ -11,7 +11,7 @@ import numpy as np
 from pulse.events import P2P
 from pulse.records import OpMetrics
 
-from .finding import Finding, LinkObs
+from .finding import Finding, LinkObs, burst_of
 
 
 @dataclasses.dataclass
@@ -65,7 +65,8 @@ class OpView:
 def finding_of(view: OpView, i: int, kind: str, metric: str, value: float, ref: float) -> Finding:
     r = view.recs[i]
     return Finding(kind, view.comm_id, view.seq, r.rank, r.node, view.endpoints[i], float(value), float(ref),
-                   metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows, r.epoch_ns)
+                   metric, r.start_ns, r.end_ns, view.peer_eps[i], r.flows, r.epoch_ns,
+                   burst=burst_of(r.peak_epoch_bytes, r.volume_bytes, r.act_ns, r.epoch_ns))
 
 
 def rate_bounds(r: OpMetrics) -> tuple[float, float]:

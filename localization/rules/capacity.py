@@ -40,21 +40,25 @@ def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | No
 
 
 def beaten_on_every_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
-                        outside: Collection[str], sends: bool) -> bool:
+                        outside: Collection[str], sends: bool, *, reverse: bool = False) -> bool:
     """Whether every NIC at the sending end of the slow links (``sends``; else at the
     receiving end) is seen, on a clean link with a node not in ``outside``, moving at a
     known rate above what the slow links through it got: :func:`capable` NIC by NIC, and
     no unknown rate counts. One such NIC is not enough to clear a node: a congested
     downlink passes a message now and then in a lull, a starved host's sends keep their
-    NIC busy at the pace it posts them."""
+    NIC busy at the pace it posts them. ``reverse``: moving the other way (the sending
+    end's NICs receiving, the receiving end's sending), which clears a fault of the NIC or
+    its PCIe link: those slow both directions alike."""
     slow_hi, clean_lo, clean_in = rates or ({}, {}, {})
-    shown = clean_lo if sends else clean_in
+    out = sends != reverse  # the NICs are seen sending
+    shown = clean_lo if out else clean_in
     end = 0 if sends else 1
+    at = 0 if out else 1
     bars: dict[str, float] = {}
     for k in slow:
         bars[k[end]] = max(bars.get(k[end], 0.0), slow_hi.get(k, 0.0))
     for nic, bar in bars.items():
-        if bar <= 0 or not any(k[end] == nic and node_of(k[1 - end]) not in outside and shown.get(k, 0.0) > bar
+        if bar <= 0 or not any(k[at] == nic and node_of(k[1 - at]) not in outside and shown.get(k, 0.0) > bar
                                for k in clean):
             return False
     return True

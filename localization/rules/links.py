@@ -17,6 +17,7 @@ Physical facts relied on:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -127,7 +128,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             rx_slow = any(node_of(b) in receivers and node_of(a) != x for a, b in slow)
             in_slow = any(node_of(b) == x for a, b in slow)
             rx_ok = all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers)
-            if not (rx_slow or in_slow or rx_ok):
+            if not (rx_slow or in_slow or rx_ok or _one_way_path(slow, clean, rates, covers, hits)):
                 return {}
     if len(slow) < 2:
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
@@ -154,6 +155,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
+        if len({tuple(sorted(k)) for k in slow}) >= p.path_min_links and _one_way_path(slow, clean, rates, covers, hits):
+            return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
         # One end's sends slowed far more than what it receives: a starved host paces all
         # its sends, so its other traffic never beats the slow links either, and no cap is
         # shown; what clears that end is then any clean traffic with third nodes (battery
@@ -300,6 +303,33 @@ def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:
             # node-13's slow data, named a path with node-05, node-13's pipeline partner)
             return True
     return False
+
+
+def _one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
+                  covers: list[str], hits: list[Finding]) -> bool:
+    """Only x -> y is slow, on every NIC pair through which x sends to y, and neither x's other
+    sends nor y's other receives need to be seen (a ring between them: x sends to y alone, y
+    receives from x alone). What the other direction and the slow sends themselves show
+    tells the causes apart:
+
+    * a NIC or PCIe fault slows both directions alike: every one of x's NICs is seen
+      receiving, and every one of y's sending, at a known rate above what the slow links got;
+    * a starved host sends what it posts at line rate, idle in between, and a congested
+      downlink passes bursts in its lulls: the slow sends were held to one rate throughout
+      (:attr:`.Finding.burst`, their median at most 1) and kept their NIC busy.
+
+    What is left is the path between them (sweep 229 #12: a path at 24 % of its rate in an
+    11-node ring, node-05's sends to node-06 at 0.98-0.99 of the flat bound on four NICs,
+    its receives and node-06's sends at 2.8x that rate; missed, waiting for node-06 to be
+    seen receiving from a third node, which a ring never shows)."""
+    if rates is None or len(covers) != 2 or len({node_of(a) for a, _ in slow}) != 1:
+        return False
+    bursts = [f.burst for f in hits if not math.isnan(f.burst)]
+    timed = [f for f in hits if f.metric == "act_ns"]
+    return (2 * len(bursts) > len(hits) and median(bursts) <= 1.0
+            and 2 * sum(f.busy() for f in timed) > len(timed) > 0
+            and beaten_on_every_nic(slow, clean, rates, covers, sends=True, reverse=True)
+            and beaten_on_every_nic(slow, clean, rates, covers, sends=False, reverse=True))
 
 
 def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
