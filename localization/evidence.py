@@ -343,6 +343,9 @@ class Evidence:
         self.refs = References(p)
         self.stragglers = Stragglers(p)
         self.links = LinkWindows(p)
+        self.paced = LinkWindows(p)
+        """Links of records within the bound in slow operators: neither clean nor slow, only
+        the rates they carried (:func:`.rules.links.network_hypotheses`)."""
         self.late = Lateness(p)
         self.late_base = LateBaselines(p)
         self.late_stragglers = LateStragglers(p, self.late_base)

@@ -273,6 +273,8 @@ class Localizer:
 
         for lk in j.links:
             ev.links.add(lk)
+        for lk in j.paced:
+            ev.paced.add(lk)
         # the lateness veto reads the previous operators' ends: ask it before recording these
         cands = {f.rank: f for f in j.findings if f.kind == LATE}
         for i, lag, base in ev.late_base.judge(comm, ordered, j.issue_lags):

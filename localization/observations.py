@@ -205,9 +205,8 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             # cap slowed it, and which of them lands in the top epoch is quantisation (sweep
             # 229 #9: a NIC at 39 % in an 11-rank ring at 96 us epochs, ranks 0, 8, 9 and 10
             # as often in the top epoch as the capped ranks 6 and 7; their links were named
-            # a path). Their links did what they were asked: clean.
-            for d in view.peer_eps[i]:
-                out.links.append(link_of(view, i, d, False, None))
+            # a path). Their links did what they were asked.
+            out.paced += [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
             continue
         blamed = timed or resent[i] or i in capped
         f = None
@@ -219,9 +218,13 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 f.consistent = True
         elif blamed:
             f = finding_of(view, i, ACT, CEILING, *capped[i])
-        if not slow_op or blamed or not slow[i]:
-            # a record within the bound moved its bytes at a normal pace, whatever the
-            # operator's other records did: its links are seen clean
+        if slow_op and not blamed and not slow[i]:
+            # within the bound in a slow operator: the rate it carried is one its NICs
+            # reached, but not clean (a congested downlink passes a record in a lull: sweep
+            # 199 #7, node-09 under a congested leaf seen receiving cleanly that way, and
+            # healthy nodes were grouped with node-08 instead)
+            out.paced += [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
+        if not slow_op or blamed:
             for d in view.peer_eps[i]:
                 out.links.append(link_of(view, i, d, blamed, f))
             if blamed:

@@ -17,6 +17,11 @@ from .finding import Finding, LinkObs, burst_of
 @dataclasses.dataclass
 class Judgement:
     links: list[LinkObs] = dataclasses.field(default_factory=list)
+    paced: list[LinkObs] = dataclasses.field(default_factory=list)
+    """Links of records within the bound in a slow operator (or within what its capped
+    ranks explain): not seen clean - a congested downlink passes a record now and then in
+    a lull - but the rate they carried is a rate their NICs reached
+    (:attr:`.evidence.Evidence.paced`)."""
     findings: list[Finding] = dataclasses.field(default_factory=list)
     waits: list[tuple[str, float]] = dataclasses.field(default_factory=list)
     judged: list[int] = dataclasses.field(default_factory=list)

@@ -99,13 +99,20 @@ def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]]
 
 def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     slow, clean, since, rows = _link_state(ev, p)
-    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows))
+    if not slow:
+        return {}
+    paced = ev.paced.clean_rates(since, np.arange(len(ev.paced.keys), dtype=np.int64))
+    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows), paced)
 
 
-def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
-                         p: LocalizeParams, rates: Rates | None = None) -> dict[Key, Hypothesis]:
+def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams,
+                         rates: Rates | None = None,
+                         paced: tuple[dict[Link, float], dict[Link, float]] | None = None) -> dict[Key, Hypothesis]:
     """The culprit of the slow links, given the link state (slow links with their findings,
-    clean links, and optionally what they show of the NICs' rates: :func:`shown_rates`)."""
+    clean links, and optionally what they show of the NICs' rates: :func:`shown_rates`).
+    ``paced``: the rates links carried in records within the bound of slow operators since
+    the slowness began (:attr:`.Evidence.paced`; as :meth:`.LinkWindows.clean_rates`), read
+    only where a NIC's capacity the other way is asked (:func:`_one_way_path`)."""
     if not slow:
         return {}
     pairs = node_pairs(slow)
@@ -128,7 +135,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
             rx_slow = any(node_of(b) in receivers and node_of(a) != x for a, b in slow)
             in_slow = any(node_of(b) == x for a, b in slow)
             rx_ok = all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers)
-            if not (rx_slow or in_slow or rx_ok or _one_way_path(slow, clean, rates, covers, hits)):
+            if not (rx_slow or in_slow or rx_ok or _one_way_path(slow, clean, rates, covers, hits, paced)):
                 return {}
     if len(slow) < 2:
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
@@ -155,7 +162,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link],
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
-        if len({tuple(sorted(k)) for k in slow}) >= p.path_min_links and _one_way_path(slow, clean, rates, covers, hits):
+        if len({tuple(sorted(k)) for k in slow}) >= p.path_min_links and _one_way_path(slow, clean, rates, covers, hits, paced):
             return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
         # One end's sends slowed far more than what it receives: a starved host paces all
         # its sends, so its other traffic never beats the slow links either, and no cap is
@@ -306,7 +313,8 @@ def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:
 
 
 def _one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
-                  covers: list[str], hits: list[Finding]) -> bool:
+                  covers: list[str], hits: list[Finding],
+                  paced: tuple[dict[Link, float], dict[Link, float]] | None = None) -> bool:
     """Only x -> y is slow, on every NIC pair through which x sends to y, and neither x's other
     sends nor y's other receives need to be seen (a ring between them: x sends to y alone, y
     receives from x alone). What the other direction and the slow sends themselves show
@@ -321,15 +329,26 @@ def _one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rate
     What is left is the path between them (sweep 229 #12: a path at 24 % of its rate in an
     11-node ring, node-05's sends to node-06 at 0.98-0.99 of the flat bound on four NICs,
     its receives and node-06's sends at 2.8x that rate; missed, waiting for node-06 to be
-    seen receiving from a third node, which a ring never shows)."""
+    seen receiving from a third node, which a ring never shows). The other direction's
+    rates count from records within the bound in slow operators too (``paced``): a ring
+    paced by the path is slow as a whole, and its records that kept within the bound are
+    no less a rate their NICs reached."""
     if rates is None or len(covers) != 2 or len({node_of(a) for a, _ in slow}) != 1:
         return False
     bursts = [f.burst for f in hits if not math.isnan(f.burst)]
     timed = [f for f in hits if f.metric == "act_ns"]
-    return (2 * len(bursts) > len(hits) and median(bursts) <= 1.0
-            and 2 * sum(f.busy() for f in timed) > len(timed) > 0
-            and beaten_on_every_nic(slow, clean, rates, covers, sends=True, reverse=True)
-            and beaten_on_every_nic(slow, clean, rates, covers, sends=False, reverse=True))
+    if not (2 * len(bursts) > len(hits) and median(bursts) <= 1.0
+            and 2 * sum(f.busy() for f in timed) > len(timed) > 0):
+        return False
+    lo, own = paced or ({}, {})
+    shown = clean | lo.keys()
+    both = (rates[0], _most(rates[1], lo), _most(rates[2], own))
+    return (beaten_on_every_nic(slow, shown, both, covers, sends=True, reverse=True)
+            and beaten_on_every_nic(slow, shown, both, covers, sends=False, reverse=True))
+
+
+def _most(a: dict[Link, float], b: dict[Link, float]) -> dict[Link, float]:
+    return {k: max(a.get(k, -math.inf), b.get(k, -math.inf)) for k in a.keys() | b.keys()}
 
 
 def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,

@@ -183,6 +183,9 @@ def test_resent_bytes_count_when_the_act_cannot_be_judged():
         # only the resending record's links are observed, slow; none is seen clean
         assert {(lk.src, lk.slow) for lk in out.links} == {("n1/mlx5_0", True)}
         assert len(out.links) == 3
+        # with a reference, the others' ACT was compared, within the bound: the rates their
+        # links carried are kept apart (not clean: a congested downlink passes some records)
+        assert {lk.src for lk in out.paced} == (set() if ref is None else {"n0/mlx5_0", "n2/mlx5_0", "n3/mlx5_0"})
     out = Judgement()
     _judge_act(_view([2, 2, 2, 2]), P, None, out)
     assert not out.links and not out.findings

@@ -75,3 +75,54 @@ def test_capped_records_mark_their_links_slow_by_capacity_which_no_host_rule_rea
     # a capped NIC's sends on several NICs are no starved host's (late posts keep the height
     # of their busiest epochs): the host rule's excess reads timing alone
     assert not host_shaped({(f"{synth.node(1)}/mlx5_{k}", eps[2]): [f] for k in range(4)}, p, synth.node(1))
+
+
+def _ring_view(seq: int, acts: list[int]) -> tuple[OpView, list[str]]:
+    recs = [synth.record("dp0", seq, r, r, kind="AllReduce", nranks=len(acts), start=seq * 10**7,
+                         end=seq * 10**7 + a, t_host=seq * 10**7, nic="mlx5_0", act=a, peak_epoch_bytes=LINE)
+            for r, a in enumerate(acts)]
+    n = len(acts)
+    eps = [f"{synth.node(r)}/mlx5_0" for r in range(n)]
+    return OpView("dp0", seq, "AllReduce", {r: synth.node(r) for r in range(n)}, recs, eps,
+                  [(eps[(r + 1) % n],) for r in range(n)], [False] * n), eps
+
+
+def test_ring_ranks_paced_by_a_capped_rank_are_not_blamed_beyond_what_the_cap_explains():
+    """Sweep 229 #9: a NIC at 39 % in an 11-rank ring at 96 us epochs; every rank's ACT
+    stretched to 33-34 epochs against 15, and which of them landed in the top epoch was
+    quantisation: ranks 0, 8, 9 and 10 as often as the capped ranks 6 and 7, and their links
+    were named a path. A collective goes at its slowest link's pace: with a rank's ceiling
+    fallen in the operator, the ranks it paces are clean up to as far as the cap slows them."""
+    p = LocalizeParams()
+    e = synth.EPOCH
+    ref = 15.0 * e
+    cap = {1: (0.4 * LINE, float(LINE))}  # rank 1 capped at 40 %: up to 2.5x the reference
+    view, eps = _ring_view(60, [33 * e, 34 * e, 33 * e, 34 * e])
+    j = judge(view, p, ref, None, (), cap)
+    assert [(lk.src, lk.slow) for lk in j.links] == [(eps[1], True)]
+    assert {f.rank for f in j.findings} == {1}
+    # what they carried is still a rate their NICs reached
+    assert [lk.src for lk in j.paced] == [eps[0], eps[2], eps[3]]
+    # without the cap, every rank in the top epoch is blamed as before
+    j = judge(view, p, ref, None, (), {})
+    assert {f.rank for f in j.findings} == {0, 1, 2, 3}
+    # a rank slowed past what the cap explains (2.5x the reference, an epoch either way) is
+    # slow by its own timing still
+    view, eps = _ring_view(61, [33 * e, 34 * e, 33 * e, 45 * e])
+    j = judge(view, p, ref, None, (), cap)
+    assert {f.rank for f in j.findings} == {1, 3}
+    assert [lk.src for lk in j.links if lk.slow] == [eps[1], eps[3]]
+
+
+def test_burst_is_at_most_one_for_a_record_held_to_one_rate_and_above_for_bursts():
+    import math
+
+    from pulse.localization.finding import burst_of
+
+    e = 100.0
+    # ten active epochs: eight full at the cap, the first and last half full
+    assert burst_of(1000.0, 9000.0, 10 * e, e) <= 1.0
+    # the same bytes in bursts: its busiest epoch twice its mean
+    assert burst_of(1800.0, 9000.0, 10 * e, e) > 1.0
+    # too few epochs, or no busiest epoch, to tell
+    assert math.isnan(burst_of(1000.0, 3000.0, 3 * e, e)) and math.isnan(burst_of(None, 9000.0, 10 * e, e))

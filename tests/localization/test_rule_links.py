@@ -596,3 +596,41 @@ def test_a_starved_hosts_all_to_all_sends_do_not_clear_it():
     one_peer = {(ep("x", k), ep("v", k)) for k in range(4)}
     rates = (rates[0], {**rates[1], **dict.fromkeys(one_peer, 20.0)}, {**rates[2], **dict.fromkeys(one_peer, 20.0)})
     assert list(slow_link_hypotheses(slow, a2a_out | a2a_in | one_peer, P, rates)) == [("network-slow", ("y",))]
+
+
+def _ring_link(burst: float, *, x_in: float = 40.0, y_out: float = 40.0):
+    """x -> y slow on four rails, the one link between them of a ring: x sends to nobody
+    else, y receives from nobody else; w sends into x and y sends to z at known rates;
+    the slow links got at most 14 bytes/ns, each record busy throughout at ``burst``."""
+    slow = {}
+    for k in range(4):
+        fs = slow_link(ep("x", k), ep("y", k), n=9, comm=f"c{k}")
+        for f in fs:
+            f.consistent, f.epoch_ns, f.burst = True, 100, burst
+            f.value = float(f.end_ns - f.start_ns)
+        slow[(ep("x", k), ep("y", k))] = fs
+    into_x = {(ep("w", k), ep("x", k)) for k in range(4)}
+    out_of_y = {(ep("y", k), ep("z", k)) for k in range(4)}
+    clean_lo = {**dict.fromkeys(into_x, 40.0), **dict.fromkeys(out_of_y, y_out)}
+    clean_in = {**dict.fromkeys(into_x, x_in), **dict.fromkeys(out_of_y, y_out)}
+    return slow, into_x | out_of_y, (dict.fromkeys(slow, 14.0), clean_lo, clean_in)
+
+
+def test_a_one_way_link_held_to_one_rate_with_both_ends_clean_the_other_way_is_a_path():
+    # sweep 229 #12: a path at 24 % of its rate in an 11-node ring; node-05's sends to
+    # node-06 at 0.98-0.99 of the flat bound on four NICs, node-05's receives and node-06's
+    # sends at 2.8x their rate. A NIC or PCIe fault slows both directions; a starved host or
+    # a congested downlink does not hold the sends to one rate: the path between them
+    slow, clean, rates = _ring_link(0.99)
+    assert list(slow_link_hypotheses(slow, clean, P, rates)) == [("path", ("x", "y"))]
+
+
+def test_a_one_way_link_that_bursts_or_whose_ends_are_not_cleared_the_other_way_waits():
+    # sends into a congested downlink pass bursts in its lulls (1.4-2.9 of the bound); a
+    # starved host's late posts go out at line rate (1.0-1.85): y's downlink or x's host
+    for burst in (1.4, float("nan")):
+        assert slow_link_hypotheses(*_ring_link(burst)[:2], P, _ring_link(burst)[2]) == {}
+    # x's NICs not seen receiving faster than the slow links (x's NIC capped both ways)
+    assert slow_link_hypotheses(*_ring_link(0.99, x_in=12.0)[:2], P, _ring_link(0.99, x_in=12.0)[2]) == {}
+    # y's NICs not seen sending faster (y's NIC or PCIe capped)
+    assert slow_link_hypotheses(*_ring_link(0.99, y_out=12.0)[:2], P, _ring_link(0.99, y_out=12.0)[2]) == {}
