@@ -68,7 +68,7 @@ _LINK_KINDS = frozenset({"network-slow", "host-contention", "path"})
 def on_slow_link(ev: Evidence, nodes: tuple[str, ...]) -> bool:
     """Whether one of ``nodes`` is an end of a link with ``persist_ops`` slow observations
     in its window."""
-    return any(node_of(a) in nodes or node_of(b) in nodes for a, b in ev.links.hot)
+    return any(node_of(a) in nodes or node_of(b) in nodes for a, b in ev.hot_links())
 
 
 def on_stalled_rail(ev: Evidence, nics: list[str]) -> bool:
@@ -184,7 +184,7 @@ class DecisionBook:
 
     def healthy(self, job: str, ev: Evidence) -> Verdict:
         self.since_healthy = 0
-        nodes = sorted(ev.links.senders - ev.insufficient)
+        nodes = sorted((ev.links.senders | ev.grouped_links.senders) - ev.insufficient)
         degraded = {**{n: {"no_epoch_data": 1} for n, k in self._told_degraded.items() if k == _NO_DATA},
                     **ev.degraded}
         extra: dict[str, Any] = {"degraded": degraded} if degraded else {}

@@ -147,7 +147,7 @@ def beside_slowed_links(ev: Evidence) -> set[str]:
     (its sends and receives both), so it stays a suspect; links slowed to as many peers
     at either end say nothing either way."""
     peers: dict[str, set[str]] = defaultdict(set)
-    for a, b in ev.links.hot:
+    for a, b in ev.hot_links():
         na, nb = node_of(a), node_of(b)
         if na != nb:
             peers[na].add(nb)
