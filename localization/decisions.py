@@ -184,7 +184,7 @@ class DecisionBook:
 
     def healthy(self, job: str, ev: Evidence) -> Verdict:
         self.since_healthy = 0
-        nodes = sorted((ev.links.senders | ev.grouped_links.senders) - ev.insufficient)
+        nodes = sorted(ev.links.senders - ev.insufficient)
         degraded = {**{n: {"no_epoch_data": 1} for n, k in self._told_degraded.items() if k == _NO_DATA},
                     **ev.degraded}
         extra: dict[str, Any] = {"degraded": degraded} if degraded else {}

@@ -343,13 +343,15 @@ class Evidence:
         self.refs = References(p)
         self.stragglers = Stragglers(p)
         self.links = LinkWindows(p)
-        self.grouped_links = LinkWindows(p)
-        """The all-to-alls' observations of the same links, in windows of their own: an
-        all-to-all asks a link for a share of its NIC, a ring or a pipeline send for all
-        of it, so a link capped between the two is clean for one and slow for the other, and
-        the all-to-all's far more numerous observations must not push the others out (sweep
-        199 #19: a path at 23 % of its rate, the ring's sends over it slow in every
-        operator, two in each window of twelve observations)."""
+        self.single_links = LinkWindows(p)
+        """The same links' observations by records that sent to one peer (rings, pipeline
+        sends, tree leaves) again, in windows of their own: such a record asks its link for
+        all of its NIC, a record sent to several peers at once (an all-to-all, a tree relay)
+        only for a share. A link capped between the two is clean for one and slow for the
+        other, and the all-to-all's far more numerous observations must not push the others
+        out (sweep 199 #19: a path at 23 % of its rate under MoE, the ring's sends over it
+        slow in every operator, two in each window of twelve observations). A clean share
+        still clears a relay's slowness: which of its links held it up is not known."""
         self.paced = LinkWindows(p)
         """Links of records within the bound in slow operators: neither clean nor slow, only
         the rates they carried (:func:`.rules.links.network_hypotheses`)."""
@@ -371,17 +373,14 @@ class Evidence:
 
     def busy(self) -> bool:
         """Whether any window holds evidence a rule could act on."""
-        return bool(self.links.n_slow or self.grouped_links.n_slow or self.late.n_late or self.late_stragglers.consistent
+        return bool(self.links.n_slow or self.late.n_late or self.late_stragglers.consistent
                     or self.stops.stalls or self.stops.absent
                     or self.rail.records)
 
-    @property
-    def link_windows(self) -> tuple[LinkWindows, LinkWindows]:
-        return self.links, self.grouped_links
-
     def hot_links(self) -> list[Link]:
-        """Links with ``persist_ops`` slow observations in a window of either kind."""
-        return list({**self.links.hot, **self.grouped_links.hot})
+        """Links with ``persist_ops`` slow observations in their window, or in their
+        one-peer records' window (:attr:`single_links`)."""
+        return list({**self.links.hot, **self.single_links.hot})
 
     def stalled(self, m: OpMetrics) -> bool:
         if m.complete:

@@ -271,9 +271,10 @@ class Localizer:
         self.book.since_healthy += 1
         ev.last_end_ns = max(ev.last_end_ns, max(r.end_ns for r in ordered))
 
-        windows = ev.grouped_links if view.kind == GROUPED else ev.links
         for lk in j.links:
-            windows.add(lk)
+            ev.links.add(lk)
+            if not lk.shared:
+                ev.single_links.add(lk)
         for lk in j.paced:
             ev.paced.add(lk)
         # the lateness veto reads the previous operators' ends: ask it before recording these

@@ -40,44 +40,36 @@ def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding
     return slow, clean
 
 
-Rows = tuple[np.ndarray, ...]
-"""Per link window of the evidence (:attr:`.Evidence.link_windows`), the clean links' rows."""
-
-
-def _link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link], int, Rows]:
+def _link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link], int, np.ndarray]:
     """:func:`link_state`, with the time clean observations count from and the clean links'
-    rows in each link window (for :func:`shown_rates`, which reads the same rows). A link is
-    slow when its observations of either kind (rings and sends; all-to-alls) are, and clean
-    when it is not slow and clean in one of them."""
+    rows in the link windows (for :func:`shown_rates`, which reads the same rows). A link is
+    slow by its observations, or by those of its one-peer records alone
+    (:attr:`.Evidence.single_links`)."""
+    links = ev.links
     slow: dict[Link, list[Finding]] = {}
-    for links in ev.link_windows:
-        for key in links.hot:
-            obs = links.obs[key]
-            if node_of(key[0]) in ev.insufficient or node_of(key[1]) in ev.insufficient:
+    for windows in (links, ev.single_links):
+        for key in windows.hot:
+            if key in slow or node_of(key[0]) in ev.insufficient or node_of(key[1]) in ev.insufficient:
                 continue
+            obs = windows.obs[key]
             # a record that shared its NIC with another kind of operator is not compared
             hits = [o.finding for o in obs if o.slow and o.finding is not None and not ev.alive.shared(o.finding)]
             if len(hits) >= p.persist_ops and len(hits) >= p.persist_frac * len(obs):
                 tested = sum(1 for f in hits if not f.timing_only())
                 if tested >= p.persist_frac * len(obs) or len(hits) >= p.timing_persist_frac * len(obs):
-                    slow.setdefault(key, []).extend(hits)
+                    slow[key] = hits
     if not slow:
-        return slow, set(), 0, tuple(np.zeros(0, np.int64) for _ in ev.link_windows)
+        return slow, set(), 0, np.zeros(0, np.int64)
     # Clean observations only count from when the slowness was there: the median
     # start of the slow hits, not the first (an outlier before the fault began
     # would let pre-fault traffic pass for clean evidence).
     # The starts and the observations' ends are on different nodes' clocks: only an
     # observation ending a skew bound after ``since`` surely followed it.
     since = _since(slow, p)
-    clean: set[Link] = set()
-    rows: list[np.ndarray] = []
-    for links in ev.link_windows:
-        n_recent, n_slow = links.recent(since)
-        ok = (n_recent >= p.link_min_obs) & (n_slow <= p.clean_max_slow_frac * n_recent)
-        mine = [r for r in np.flatnonzero(ok).tolist() if links.keys[r] not in slow]
-        clean.update(map(links.keys.__getitem__, mine))
-        rows.append(np.array(mine, np.int64))
-    return slow, clean, since, tuple(rows)
+    n_recent, n_slow = links.recent(since)
+    ok = (n_recent >= p.link_min_obs) & (n_slow <= p.clean_max_slow_frac * n_recent)
+    rows = [r for r in np.flatnonzero(ok).tolist() if links.keys[r] not in slow]
+    return slow, set(map(links.keys.__getitem__, rows)), since, np.array(rows, np.int64)
 
 
 def _since(slow: dict[Link, list[Finding]], p: LocalizeParams) -> int:
@@ -85,7 +77,7 @@ def _since(slow: dict[Link, list[Finding]], p: LocalizeParams) -> int:
 
 
 def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]], clean: set[Link],
-                *, since: int | None = None, rows: Rows | None = None) -> Rates:
+                *, since: int | None = None, rows: np.ndarray | None = None) -> Rates:
     """What the link windows show of the NICs' capacity. A NIC capped at some rate still
     carries, at their usual pace, flows that never ask it for more (an all-to-all bound by
     its receivers' fan-in, a latency-bound exchange), so a clean link says the NIC works
@@ -98,17 +90,13 @@ def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]]
     if since is None:
         since = _since(slow, p)
     for key in slow:
-        his = [o.rate_hi for w in ev.link_windows for o in w.obs.get(key, ()) if o.slow and o.rate_hi > 0]
+        his = [o.rate_hi for o in ev.links.obs[key] if o.slow and o.rate_hi > 0]
         if his:
             slow_hi[key] = median(his)
     # a cap is a hard bound: one clean record faster than it shows the NIC is not capped
     if rows is None:
-        rows = tuple(np.array([w.row(k) for k in clean if k in w.obs], np.int64) for w in ev.link_windows)
-    clean_lo: dict[Link, float] = {}
-    clean_in: dict[Link, float] = {}
-    for w, r in zip(ev.link_windows, rows, strict=True):
-        lo, own = w.clean_rates(since, r)
-        clean_lo, clean_in = _most(clean_lo, lo), _most(clean_in, own)
+        rows = np.array([ev.links.row(k) for k in clean], np.int64)
+    clean_lo, clean_in = ev.links.clean_rates(since, rows)
     return slow_hi, clean_lo, clean_in
 
 

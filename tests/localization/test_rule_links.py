@@ -634,3 +634,37 @@ def test_a_one_way_link_that_bursts_or_whose_ends_are_not_cleared_the_other_way_
     assert slow_link_hypotheses(*_ring_link(0.99, x_in=12.0)[:2], P, _ring_link(0.99, x_in=12.0)[2]) == {}
     # y's NICs not seen sending faster (y's NIC or PCIe capped)
     assert slow_link_hypotheses(*_ring_link(0.99, y_out=12.0)[:2], P, _ring_link(0.99, y_out=12.0)[2]) == {}
+
+
+def test_an_all_to_alls_clean_share_of_a_link_does_not_hide_a_rings_slow_sends_over_it():
+    # sweep 199 #19: a path at 23 % of its rate under MoE; the ring's sends over it slow in
+    # every operator, the all-to-all's share of the same link (1/13 of a NIC) clean, five
+    # all-to-alls per ring operator: in one window, two slow observations of twelve
+    from pulse.localization.finding import LinkObs
+
+    def feed(ev, lk):
+        ev.links.add(lk)
+        if not lk.shared:
+            ev.single_links.add(lk)
+
+    ev, p = evidence(clock_skew_ns=0)
+    a, b = ep("a"), ep("b")
+    for i in range(10):
+        f = finding(ACT, "a", seq=i, endpoint=a, value=2.0, start=i * MS, end=i * MS + 1, to=(b,))
+        f.consistent = True
+        feed(ev, LinkObs(a, b, True, f, i * MS + 1))
+        for k in range(5):
+            feed(ev, LinkObs(a, b, False, None, i * MS + 100 * k + 2, shared=True))
+    slow, clean = link_state(ev, p)
+    assert list(slow) == [(a, b)] and len(slow[(a, b)]) == 10
+    assert (a, b) not in clean
+    # a relay's slowness (sent to several peers at once, one of its links held it up) is
+    # still cleared by the link's clean observations of any kind
+    ev, p = evidence(clock_skew_ns=0)
+    for i in range(10):
+        f = finding(ACT, "a", seq=i, endpoint=a, value=2.0, start=i * MS, end=i * MS + 1, to=(b, ep("c")))
+        f.consistent = True
+        feed(ev, LinkObs(a, b, True, f, i * MS + 1, shared=True))
+        for k in range(5):
+            feed(ev, LinkObs(a, b, False, None, i * MS + 100 * k + 2, shared=True))
+    assert link_state(ev, p)[0] == {}
