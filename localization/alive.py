@@ -9,7 +9,7 @@ from typing import Any
 from pulse.events import GROUPED, P2P
 from pulse.records import OpMetrics
 
-from .finding import Finding
+from .finding import PEER_RATE_IN, Finding
 from .params import LocalizeParams
 
 SEND, RECV = P2P
@@ -29,6 +29,9 @@ class AlivePoints:
         self._changed: dict[str, int] = {}
         """NIC -> how many times its spans changed (a :meth:`shared` answer holds until then)."""
         self._shared_memo: dict[tuple[Any, ...], tuple[int, bool]] = {}
+        self._into: dict[str, list[tuple[int, int]]] = {}
+        """NIC -> recent point-to-point sends into it, sorted: (start, end) on the sender's clock."""
+        self._into_longest: dict[str, int] = {}
 
     def note(self, m: OpMetrics) -> None:
         times = [m.start_ns, m.end_ns] if m.volume_bytes > 0 else []
@@ -53,6 +56,30 @@ class AlivePoints:
                 if len(spans) > self.p.alive_max:
                     del spans[:self.p.alive_drop]
 
+    def note_into(self, dst: str, start: int, end: int) -> None:
+        """A point-to-point send into NIC ``dst`` was on the wire in [start, end) (its
+        sender's clock)."""
+        spans = self._into.setdefault(dst, [])
+        bisect.insort(spans, (start, end))
+        self._into_longest[dst] = max(self._into_longest.get(dst, 0), end - start)
+        if len(spans) > self.p.alive_max:
+            del spans[:self.p.alive_drop]
+
+    def received_p2p(self, f: Finding) -> bool:
+        """Whether a point-to-point send into the NIC ``f``'s link goes to may have been on
+        the wire while ``f``'s record was (an all-to-all link into a receiver slow inward
+        only: :data:`.finding.PEER_RATE_IN`): its downlink then carried our own activations
+        too, a share, not a fault. The two records are on their senders' clocks: a send
+        within the skew bound of the record counts."""
+        spans = self._into.get(f.peer_eps[0] if f.peer_eps else "")
+        if not spans:
+            return False
+        skew = self.p.clock_skew_ns
+        dst = f.peer_eps[0]
+        lo = bisect.bisect_left(spans, (f.start_ns - skew - self._into_longest.get(dst, 0),))
+        hi = bisect.bisect_left(spans, (f.end_ns + skew,))
+        return any(en > f.start_ns - skew for _st, en in spans[lo:hi])
+
     def shared(self, f: Finding) -> bool:
         """Whether ``f``'s slowness is the share of its NIC that an all-to-all (or, for a
         collective, a pipeline send) took meanwhile: the bytes those records moved while
@@ -75,6 +102,8 @@ class AlivePoints:
         not (a link carries each direction on its own), and nothing shares a receive's
         side but what the peer sends. Only ACT findings: bytes resent are the network's
         whoever shares the NIC."""
+        if f.metric == PEER_RATE_IN:
+            return self.received_p2p(f)
         if f.metric != "act_ns" or f.value <= f.peers:
             return False
         # asked of every slow observation of the hot links at each evaluation: the answer

@@ -21,6 +21,9 @@ CEILING = "peak_epoch_bytes"
 """Metric of an ACT finding on a capacity ceiling (:mod:`.ceilings`): value the busiest
 epoch of the rank's recent records, reference that of its first ones (capped: value below
 the reference). Not timing: late inputs cannot lower it."""
+PEER_RATE_IN = "peer_rate_in"
+"""Metric of an all-to-all link into a receiver slow inward only (:mod:`.peer_rates`):
+value the link's rate, reference the operator's median link rate."""
 
 ISSUE_LAG = "issue_lag_ns"
 """Metric of a LATE finding on the rank's issue lag (its issue minus its peers' median,

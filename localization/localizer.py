@@ -257,6 +257,10 @@ class Localizer:
         ev, p = self.ev, self.p
         ordered = [recs[r] for r in sorted(recs)]
         view = self._view(comm, seq, ordered)
+        if view.kind != GROUPED:
+            for r, pe in zip(ordered, view.peer_eps, strict=True):
+                for d in pe:
+                    ev.alive.note_into(d, r.start_ns, r.end_ns)
         stragglers = ev.stragglers.observe(comm, ordered, [len(e) for e in view.peer_eps])
         capped = (ev.ceilings.capped(comm, ordered, [len(e) for e in view.peer_eps], view.egress_busy)
                   if view.egress_busy is not None else {})

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .finding import ACT
+from .finding import ACT, PEER_RATE_IN
 from .opview import Judgement, OpView, finding_of, link_of
 from .params import LocalizeParams
 from .robust import leave_one_out_medians, median
@@ -84,6 +84,17 @@ def judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement,
     slow_ends = _both_ways(src_l, dst_l, hi < bar, ~waited) - busy - idle
     if slow_ends and burst is not None:
         slow_ends -= _bursting(view, idx, slow_ends, burst)
+    # a flow's own rate, from its first byte: a receiver that posted late starts its flows
+    # late, not slow (a cold expert's receives in a healthy all-to-all: from the record's
+    # start, its links at 0.6 of the others', from their own, alike); unknown without the
+    # first bytes, and no receiver is then judged inward
+    begin = np.array(begin_l)
+    span = np.maximum(done - begin, epoch)
+    own = nb / span
+    own_ref = median(own)
+    own_slow = nb / np.maximum(span - epoch, epoch) < p.rate_ratio * own_ref
+    inward = (_starved_receivers(dst_l, own_slow, ~waited, own, p.rate_ratio) - slow_ends
+              if (begin >= 0).all() else set())
     # bytes beyond what the operator declared for a peer were resent (go-back-N resends
     # whole windows); a lossy NIC loses both ways, so its links out and in carry them
     extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)
@@ -103,10 +114,38 @@ def judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement,
         elif f is None and hi[k] < bar and (src_l[k] in slow_ends or dst_l[k] in slow_ends):
             f = dataclasses.replace(finding_of(view, i, ACT, "peer_rate", point[k], ref), peer_eps=(dst_l[k],))
             out.findings.append(f)
+        elif f is None and dst_l[k] in inward and own_slow[k] and not waited[k]:
+            f = dataclasses.replace(finding_of(view, i, ACT, PEER_RATE_IN, own[k], own_ref), peer_eps=(dst_l[k],))
+            out.findings.append(f)
         elif f is None and (point[k] < bar or lossy[k]):
             continue  # a slow or lossy link at an end that is not so both ways: says nothing
         out.links.append(link_of(view, i, dst_l[k], f is not None, f))
     return True
+
+
+def _starved_receivers(dst: list[str], flag: np.ndarray, counted: np.ndarray, rate: np.ndarray,
+                       ratio: float) -> set[str]:
+    """Receivers whose downlink delivered less: more than half of their links in
+    ``flag``-ged (below the bar) and ``counted`` (not waiting for it to post), and the
+    rates of all their links in summed below ``ratio``
+    of the median receiver's sum. A downlink congested by traffic from outside the job
+    serves every sender into it a share of what the others get (sweep 229 #18: an
+    all-to-all of 15 nodes, every link into node-14 at 0.40-0.52 of the links into the
+    others); a receiver of more bytes (a hot expert) fills its downlink and takes in more
+    than the median, however slow each of its links. Whether our own point-to-point sends
+    into it took the share is asked of the link rules' evidence later
+    (:meth:`.alive.AlivePoints.received_p2p`): they may be judged after this operator."""
+    if not flag.any():
+        return set()
+    keys, inv = np.unique(np.array(dst), return_inverse=True)
+    n = np.bincount(inv, minlength=keys.size).astype(np.float64)
+    hit = np.bincount(inv, weights=(flag & counted).astype(np.float64), minlength=keys.size)
+    total = np.bincount(inv, weights=rate, minlength=keys.size)
+    if keys.size < 3:
+        return set()  # two receivers: which one delivered less is the other's more
+    bar = ratio * float(np.median(total))
+    return {k for k, h, c, t in zip(keys.tolist(), hit.tolist(), n.tolist(), total.tolist(), strict=True)
+            if c > 0 and h > 0.5 * c and t < bar}
 
 
 def _bursting(view: OpView, idx: list[int], ends: set[str], burst: Callable[[int], float | None]) -> set[str]:

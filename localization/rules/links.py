@@ -24,7 +24,7 @@ import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
 from ..evidence import Evidence, Link, node_of, node_pairs
-from ..finding import Finding
+from ..finding import PEER_RATE_IN, Finding
 from ..params import LocalizeParams
 from ..robust import median
 from .capacity import Rates, beaten_on_every_nic, capable
@@ -120,7 +120,11 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         return {}
     pairs = node_pairs(slow)
     nodes_in = sorted({n for pair in pairs for n in pair})
-    covers = [x for x in nodes_in if all(x in pair for pair in pairs)]
+    # a link slow only as one into a receiver starved inward blames its receiver, never
+    # its sender (sweep 223 #18: congestion into node-12 and node-13, node-11's links into
+    # both persistently slow first, and node-11 was on every slow link)
+    inward = {node_of(k[0]) for k, fs in slow.items() if all(f.metric == PEER_RATE_IN for f in fs)}
+    covers = [x for x in nodes_in if all(x in pair for pair in pairs) and x not in inward]
     hits = [f for fs in slow.values() for f in fs]
     clean_pairs = node_pairs(clean)
 
@@ -382,11 +386,12 @@ _RECORD_NODES: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
 
 def record_nodes(f: Finding) -> frozenset[str]:
     """{f.node} + the nodes of f.peer_eps (memoised: asked of every slow finding of the
-    window at each evaluation)."""
-    key = (f.node, f.peer_eps)
+    window at each evaluation); the receiver alone for a link into a receiver starved
+    inward (:data:`.finding.PEER_RATE_IN`: every sender into it was slow alike)."""
+    key = (f.node if f.metric != PEER_RATE_IN else "", f.peer_eps)
     nodes = _RECORD_NODES.get(key)
     if nodes is None:
-        nodes = frozenset({f.node} | {node_of(e) for e in f.peer_eps})
+        nodes = frozenset(({f.node} if key[0] else set()) | {node_of(e) for e in f.peer_eps})
         if len(_RECORD_NODES) < 1 << 18:
             _RECORD_NODES[key] = nodes
     return nodes

@@ -126,3 +126,29 @@ def test_burst_is_at_most_one_for_a_record_held_to_one_rate_and_above_for_bursts
     assert burst_of(1800.0, 9000.0, 10 * e, e) > 1.0
     # too few epochs, or no busiest epoch, to tell
     assert math.isnan(burst_of(1000.0, 3000.0, 3 * e, e)) and math.isnan(burst_of(None, 9000.0, 10 * e, e))
+
+
+def test_a_rank_whose_busiest_epochs_fell_with_a_bursty_input_is_not_capped():
+    """Sweep 197 #8: a ring downstream of a host starved of CPU forwards in bursts as the
+    chunks come; four ranks' busiest epochs fell below their peers' (1.8-2.1 of the flat
+    bound a NIC held to one rate shows) and were taken as capped. A capped NIC moves the
+    same bytes in every epoch (0.98-1.08 of the bound, its rate varying by a few percent)."""
+    p = LocalizeParams()
+    e = synth.EPOCH
+
+    def op(seq: int, peaks: list[int], act1: int) -> list:
+        return [synth.record("dp0", seq, r, r, kind="AllReduce", nranks=len(peaks), start=seq * 10**7,
+                             end=seq * 10**7 + 400_000, t_host=seq * 10**7, nic="mlx5_0", peak_epoch_bytes=pk,
+                             act=act1 if r == 1 else 10 * e)
+                for r, pk in enumerate(peaks)]
+
+    def last(act1: int) -> dict:
+        ceil = Ceilings(p)
+        ops = [op(s, [LINE] * 5, 10 * e) for s in range(p.late_base_ops)]
+        ops += [op(p.late_base_ops + s, [LINE, int(0.4 * LINE), LINE, LINE, LINE], act1) for s in range(p.ceiling_ops)]
+        return [ceil.capped("dp0", o, [1] * 5, lambda i: False) for o in ops][-1]
+
+    # 8 MiB in 28 active epochs at 0.4 of line rate at most: every epoch full, flat
+    assert last(28 * e).keys() == {1}
+    # the same busiest epoch over 40 active epochs: 1.45 of the flat bound, bursts
+    assert last(40 * e) == {}

@@ -226,3 +226,28 @@ def test_links_slow_both_ways_at_a_nic_that_still_bursts_at_line_rate_are_not_it
     assert not {c for c in culprits(localize(ms, _events(), LocalizeParams())) if c[0] == "network-slow"}
     # Without the figure (records before op-metrics v3) the links still name it.
     assert culprits(_run(_slow_at_3)) == {("network-slow", "node", ("node-03",))}
+
+
+def test_a_receiver_whose_downlink_delivered_less_is_starved_inward():
+    """Sweep 229 #18: congestion into node-14's downlinks under MoE (15 nodes, pp 1): every
+    link into it at 0.40-0.52 of the links into the others, every link out of it normal.
+    Judged from each flow's own first byte (a receiver that posted late starts late, not
+    slow), a receiver is starved when most of its links in are below the bar and all it
+    took in together is below rate_ratio of the median receiver's."""
+    import numpy as np
+    from pulse.localization.peer_rates import _starved_receivers
+
+    dst = ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3
+    rate = np.array([10.0] * 9 + [4.0] * 3)
+    every = np.ones(12, np.bool_)
+    assert _starved_receivers(dst, rate < 8.0, every, rate, 0.8) == {"d"}
+    # most links slow, but one fast enough that it took in as much as the others: no
+    rate = np.array([10.0] * 9 + [5.0, 5.0, 30.0])
+    assert _starved_receivers(dst, rate < 8.0, every, rate, 0.8) == set()
+    # links that waited for their receiver to post do not count
+    rate = np.array([10.0] * 9 + [4.0] * 3)
+    waited = every.copy()
+    waited[9:11] = False
+    assert _starved_receivers(dst, rate < 8.0, waited, rate, 0.8) == set()
+    # two receivers: one's less is the other's more
+    assert _starved_receivers(dst[6:], rate[6:] < 8.0, every[6:], rate[6:], 0.8) == set()
