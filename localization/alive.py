@@ -30,7 +30,8 @@ class AlivePoints:
         """NIC -> how many times its spans changed (a :meth:`shared` answer holds until then)."""
         self._shared_memo: dict[tuple[Any, ...], tuple[int, bool]] = {}
         self._into: dict[str, list[tuple[int, int]]] = {}
-        """NIC -> recent point-to-point sends into it, sorted: (start, end) on the sender's clock."""
+        """NIC -> our recent records into it other than all-to-alls, sorted: (start, end) on
+        the sender's clock (:meth:`received_own`)."""
         self._into_longest: dict[str, int] = {}
 
     def note(self, m: OpMetrics) -> None:
@@ -57,26 +58,26 @@ class AlivePoints:
                     del spans[:self.p.alive_drop]
 
     def note_into(self, dst: str, start: int, end: int) -> None:
-        """A point-to-point send into NIC ``dst`` was on the wire in [start, end) (its
-        sender's clock)."""
+        """A record of ours other than an all-to-all (a ring's, a tree's, a pipeline send)
+        sent into NIC ``dst`` in [start, end) (its sender's clock)."""
         spans = self._into.setdefault(dst, [])
         bisect.insort(spans, (start, end))
         self._into_longest[dst] = max(self._into_longest.get(dst, 0), end - start)
         if len(spans) > self.p.alive_max:
             del spans[:self.p.alive_drop]
 
-    def received_p2p(self, f: Finding) -> bool:
-        """Whether a point-to-point send into the NIC ``f``'s link goes to may have been on
-        the wire while ``f``'s record was (an all-to-all link into a receiver slow inward
-        only: :data:`.finding.PEER_RATE_IN`): its downlink then carried our own activations
-        too, a share, not a fault. The two records are on their senders' clocks: a send
-        within the skew bound of the record counts."""
-        spans = self._into.get(f.peer_eps[0] if f.peer_eps else "")
+    def received_own(self, f: Finding) -> bool:
+        """Whether a record noted by :meth:`note_into` may have been on the wire into the NIC
+        ``f``'s link goes to while ``f``'s record was (an all-to-all link into a receiver
+        slow inward only: :data:`.finding.PEER_RATE_IN`): its downlink then carried our own
+        traffic too, a share, not a fault. The two records are on their senders' clocks: a
+        record within the skew bound counts."""
+        dst = f.peer_eps[0] if f.peer_eps else ""
+        spans = self._into.get(dst)
         if not spans:
             return False
         skew = self.p.clock_skew_ns
-        dst = f.peer_eps[0]
-        lo = bisect.bisect_left(spans, (f.start_ns - skew - self._into_longest.get(dst, 0),))
+        lo = bisect.bisect_left(spans, (f.start_ns - skew - self._into_longest[dst],))
         hi = bisect.bisect_left(spans, (f.end_ns + skew,))
         return any(en > f.start_ns - skew for _st, en in spans[lo:hi])
 
@@ -103,7 +104,7 @@ class AlivePoints:
         side but what the peer sends. Only ACT findings: bytes resent are the network's
         whoever shares the NIC."""
         if f.metric == PEER_RATE_IN:
-            return self.received_p2p(f)
+            return self.received_own(f)
         if f.metric != "act_ns" or f.value <= f.peers:
             return False
         # asked of every slow observation of the hot links at each evaluation: the answer

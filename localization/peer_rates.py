@@ -132,9 +132,9 @@ def _starved_receivers(dst: list[str], flag: np.ndarray, counted: np.ndarray, ra
     serves every sender into it a share of what the others get (sweep 229 #18: an
     all-to-all of 15 nodes, every link into node-14 at 0.40-0.52 of the links into the
     others); a receiver of more bytes (a hot expert) fills its downlink and takes in more
-    than the median, however slow each of its links. Whether our own point-to-point sends
-    into it took the share is asked of the link rules' evidence later
-    (:meth:`.alive.AlivePoints.received_p2p`): they may be judged after this operator."""
+    than the median, however slow each of its links. Whether our own other records into
+    it took the share is asked when the link rules read the evidence
+    (:meth:`.alive.AlivePoints.received_own`): they may be judged after this operator."""
     if not flag.any():
         return set()
     keys, inv = np.unique(np.array(dst), return_inverse=True)

@@ -3,10 +3,12 @@ end of the slow links from a fault elsewhere."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 
 from ..evidence import Link, node_of
 from ..finding import Finding
+from ..robust import median
 
 Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
 """Per slow link, the highest rate its slow observations got; per clean link, the rate its
@@ -62,3 +64,42 @@ def beaten_on_every_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates
                                for k in clean):
             return False
     return True
+
+
+def one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
+                  covers: list[str], hits: list[Finding],
+                  paced: tuple[dict[Link, float], dict[Link, float]] | None = None) -> bool:
+    """Only x -> y is slow, on every NIC pair through which x sends to y, and neither x's other
+    sends nor y's other receives need to be seen (a ring between them: x sends to y alone, y
+    receives from x alone). What the other direction and the slow sends themselves show
+    tells the causes apart:
+
+    * a NIC or PCIe fault slows both directions alike: every one of x's NICs is seen
+      receiving, and every one of y's sending, at a known rate above what the slow links got;
+    * a starved host sends what it posts at line rate, idle in between, and a congested
+      downlink passes bursts in its lulls: the slow sends were held to one rate throughout
+      (:attr:`.Finding.burst`, their median at most 1) and kept their NIC busy.
+
+    What is left is the path between them (sweep 229 #12: a path at 24 % of its rate in an
+    11-node ring, node-05's sends to node-06 at 0.98-0.99 of the flat bound on four NICs,
+    its receives and node-06's sends at 2.8x that rate; missed, waiting for node-06 to be
+    seen receiving from a third node, which a ring never shows). The other direction's
+    rates count from records within the bound in slow operators too (``paced``): a ring
+    paced by the path is slow as a whole, and its records that kept within the bound are
+    no less a rate their NICs reached."""
+    if rates is None or len(covers) != 2 or len({node_of(a) for a, _ in slow}) != 1:
+        return False
+    bursts = [f.burst for f in hits if not math.isnan(f.burst)]
+    timed = [f for f in hits if f.metric == "act_ns"]
+    if not (2 * len(bursts) > len(hits) and median(bursts) <= 1.0
+            and 2 * sum(f.busy() for f in timed) > len(timed) > 0):
+        return False
+    lo, own = paced or ({}, {})
+    shown = clean | lo.keys()
+    both = (rates[0], _most(rates[1], lo), _most(rates[2], own))
+    return (beaten_on_every_nic(slow, shown, both, covers, sends=True, reverse=True)
+            and beaten_on_every_nic(slow, shown, both, covers, sends=False, reverse=True))
+
+
+def _most(a: dict[Link, float], b: dict[Link, float]) -> dict[Link, float]:
+    return {k: max(a.get(k, -math.inf), b.get(k, -math.inf)) for k in a.keys() | b.keys()}

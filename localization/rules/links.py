@@ -17,7 +17,6 @@ Physical facts relied on:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 
 import numpy as np
@@ -27,7 +26,7 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..finding import PEER_RATE_IN, Finding
 from ..params import LocalizeParams
 from ..robust import median
-from .capacity import Rates, beaten_on_every_nic, capable
+from .capacity import Rates, beaten_on_every_nic, capable, one_way_path
 from .host import host_hypothesis, host_shaped
 
 
@@ -115,7 +114,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
     clean links, and optionally what they show of the NICs' rates: :func:`shown_rates`).
     ``paced``: the rates links carried in records within the bound of slow operators since
     the slowness began (:attr:`.Evidence.paced`; as :meth:`.LinkWindows.clean_rates`), read
-    only where a NIC's capacity the other way is asked (:func:`_one_way_path`)."""
+    only where a NIC's capacity the other way is asked (:func:`.capacity.one_way_path`)."""
     if not slow:
         return {}
     pairs = node_pairs(slow)
@@ -127,6 +126,12 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
     covers = [x for x in nodes_in if all(x in pair for pair in pairs) and x not in inward]
     hits = [f for fs in slow.values() for f in fs]
     clean_pairs = node_pairs(clean)
+    one_way_memo: list[bool] = []
+
+    def one_way() -> bool:  # asked by two branches; computed once
+        if not one_way_memo:
+            one_way_memo.append(one_way_path(slow, clean, rates, covers, hits, paced))
+        return one_way_memo[0]
 
     host = host_hypothesis(slow, clean, p, rates)
     if host:
@@ -142,7 +147,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
             rx_slow = any(node_of(b) in receivers and node_of(a) != x for a, b in slow)
             in_slow = any(node_of(b) == x for a, b in slow)
             rx_ok = all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers)
-            if not (rx_slow or in_slow or rx_ok or _one_way_path(slow, clean, rates, covers, hits, paced)):
+            if not (rx_slow or in_slow or rx_ok or one_way()):
                 return {}
     if len(slow) < 2:
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
@@ -169,7 +174,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     if len(covers) == 2:
         a, b = covers
-        if len({tuple(sorted(k)) for k in slow}) >= p.path_min_links and _one_way_path(slow, clean, rates, covers, hits, paced):
+        if len({tuple(sorted(k)) for k in slow}) >= p.path_min_links and one_way():
             return {("path", (a, b)): make_hypothesis(p, "path", "group", (a, b), hits)}
         # One end's sends slowed far more than what it receives: a starved host paces all
         # its sends, so its other traffic never beats the slow links either, and no cap is
@@ -317,45 +322,6 @@ def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:
             # node-13's slow data, named a path with node-05, node-13's pipeline partner)
             return True
     return False
-
-
-def _one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
-                  covers: list[str], hits: list[Finding],
-                  paced: tuple[dict[Link, float], dict[Link, float]] | None = None) -> bool:
-    """Only x -> y is slow, on every NIC pair through which x sends to y, and neither x's other
-    sends nor y's other receives need to be seen (a ring between them: x sends to y alone, y
-    receives from x alone). What the other direction and the slow sends themselves show
-    tells the causes apart:
-
-    * a NIC or PCIe fault slows both directions alike: every one of x's NICs is seen
-      receiving, and every one of y's sending, at a known rate above what the slow links got;
-    * a starved host sends what it posts at line rate, idle in between, and a congested
-      downlink passes bursts in its lulls: the slow sends were held to one rate throughout
-      (:attr:`.Finding.burst`, their median at most 1) and kept their NIC busy.
-
-    What is left is the path between them (sweep 229 #12: a path at 24 % of its rate in an
-    11-node ring, node-05's sends to node-06 at 0.98-0.99 of the flat bound on four NICs,
-    its receives and node-06's sends at 2.8x that rate; missed, waiting for node-06 to be
-    seen receiving from a third node, which a ring never shows). The other direction's
-    rates count from records within the bound in slow operators too (``paced``): a ring
-    paced by the path is slow as a whole, and its records that kept within the bound are
-    no less a rate their NICs reached."""
-    if rates is None or len(covers) != 2 or len({node_of(a) for a, _ in slow}) != 1:
-        return False
-    bursts = [f.burst for f in hits if not math.isnan(f.burst)]
-    timed = [f for f in hits if f.metric == "act_ns"]
-    if not (2 * len(bursts) > len(hits) and median(bursts) <= 1.0
-            and 2 * sum(f.busy() for f in timed) > len(timed) > 0):
-        return False
-    lo, own = paced or ({}, {})
-    shown = clean | lo.keys()
-    both = (rates[0], _most(rates[1], lo), _most(rates[2], own))
-    return (beaten_on_every_nic(slow, shown, both, covers, sends=True, reverse=True)
-            and beaten_on_every_nic(slow, shown, both, covers, sends=False, reverse=True))
-
-
-def _most(a: dict[Link, float], b: dict[Link, float]) -> dict[Link, float]:
-    return {k: max(a.get(k, -math.inf), b.get(k, -math.inf)) for k in a.keys() | b.keys()}
 
 
 def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,

@@ -251,3 +251,22 @@ def test_a_receiver_whose_downlink_delivered_less_is_starved_inward():
     assert _starved_receivers(dst, rate < 8.0, waited, rate, 0.8) == set()
     # two receivers: one's less is the other's more
     assert _starved_receivers(dst[6:], rate[6:] < 8.0, every[6:], rate[6:], 0.8) == set()
+
+
+def test_a_starved_receivers_link_is_excused_while_our_own_other_records_went_into_it():
+    """A receiver's downlink that also carried a ring's, a tree's or a pipeline stage's
+    records of ours took a share (sweep 37 #4): its all-to-all links slow inward are not
+    the network's. Two records on their senders' clocks overlap within the skew bound."""
+    from pulse.localization.alive import AlivePoints
+    from pulse.localization.finding import ACT, PEER_RATE_IN, Finding
+    from pulse.localization.params import LocalizeParams
+
+    ms = 1_000_000
+    alive = AlivePoints(LocalizeParams(clock_skew_ns=ms))
+    f = Finding(ACT, "ep", 0, 1, "n1", "n1/mlx5_0", 4.0, 9.0, PEER_RATE_IN, 100 * ms, 110 * ms, ("n2/mlx5_0",))
+    assert not alive.shared(f)  # nothing else of ours into n2
+    alive.note_into("n2/mlx5_0", 50 * ms, 98 * ms)  # ended 2 ms before: outside the skew bound
+    alive.note_into("n3/mlx5_0", 100 * ms, 110 * ms)  # into another NIC
+    assert not alive.shared(f)
+    alive.note_into("n2/mlx5_0", 60 * ms, 99 * ms + ms // 2)  # within the skew bound of its start
+    assert alive.shared(f)
