@@ -270,6 +270,11 @@ GROUPED_RAIL_METRIC = "silent_after_other_nics_ns"
 """The metric of an all-to-all's rail-late finding: its silence beyond its siblings'
 (``rules/rail.py``), told apart from a ring's or a send's ``end_after_other_nics_ns``."""
 
+SILENT_START_METRIC = "silent_before_other_nics_ns"
+"""The metric of a collective's record whose first byte came this long after its siblings'
+on the node's other NICs while its operator's other ranks began with theirs
+(``rules/rail.py``): its own NIC moved nothing either way."""
+
 
 class RailEvidence:
     """The same operator on a node's NICs: per (node, kind, seq, bytes, nranks, member
@@ -279,11 +284,15 @@ class RailEvidence:
     def __init__(self, p: LocalizeParams, topo: Topology) -> None:
         self.p = p
         self.topo = topo
-        self.siblings: dict[tuple[Any, ...], list[tuple[int, int, str]]] = {}
+        self.siblings: dict[tuple[Any, ...], list[tuple[int, int, str, int]]] = {}
+        """Per NIC (end_ns, t_host_ns, comm, start_ns)."""
         self.grouped: dict[tuple[Any, ...], list[tuple[int, int, str, int]]] = {}
         """All-to-alls (complete, with their per-peer figures): per NIC (end_ns, t_host_ns,
         comm, act_ns)."""
         self.records: deque[tuple[Finding, frozenset[str]]] = deque(maxlen=p.rail_max_records)
+        self.ends: dict[tuple[str, int], dict[int, int]] = {}
+        """(comm, rank) -> seq -> end of its latest records: an operator starts on its
+        stream only once the one before it ended."""
         self._comm_nodes: dict[str, frozenset[str]] = {}
         self._with_node: dict[tuple[str, str], frozenset[str]] = {}
 
@@ -314,9 +323,17 @@ class RailEvidence:
         if not m.complete or m.t_host_ns is None:
             return
         if m.kind != GROUPED:
-            self.siblings.setdefault(self.key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id))
+            self.siblings.setdefault(self.key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id, m.start_ns))
+            ends = self.ends.setdefault((m.comm_id, m.rank), {})
+            ends[m.seq] = m.end_ns
+            if len(ends) > 4:
+                del ends[min(ends)]
         elif m.peer_done_ns is not None:
             self.grouped.setdefault(self.grouped_key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id, m.act_ns))
+
+    def prev_end(self, m: OpMetrics) -> int | None:
+        """When the operator before ``m`` on its communicator ended at its rank (None: not seen)."""
+        return self.ends.get((m.comm_id, m.rank), {}).get(m.seq - 1)
 
     def trim(self) -> None:
         for table in (self.siblings, self.grouped):

@@ -23,6 +23,9 @@ class Topology:
         self.send_peers: dict[tuple[str, int], set[int]] = defaultdict(set)
         self.rank_pid: dict[tuple[str, int], int] = {}
         self.rings: dict[str, list[list[int]]] = {}
+        self.tree_parent: dict[str, dict[int, dict[int, int]]] = {}
+        """comm -> channel -> rank -> its parent in that channel's tree (-1: the root), from
+        the comm events' trees (NCCL logs them at init, whatever the operators then run)."""
         self.job: str | None = None
         self.version = 0
         """Bumped whenever what a rank's endpoints or peers derive from changes (callers
@@ -38,6 +41,11 @@ class Topology:
                     self.rank_pid[(e.comm_id, e.rank)] = e.pid
                 if e.rings:
                     self.rings.setdefault(e.comm_id, e.rings)
+                if e.trees:
+                    chans = self.tree_parent.setdefault(e.comm_id, {})
+                    for ch, row in enumerate(e.trees):
+                        if len(row) >= 2:
+                            chans.setdefault(ch, {})[row[0]] = row[1]
                 if self.job is None:
                     self.job = e.job
             elif isinstance(e, FlowEvent) and e.bound:

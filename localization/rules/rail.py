@@ -26,7 +26,7 @@ from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import GROUPED_RAIL_METRIC, AlivePoints, Evidence, node_of
+from ..evidence import GROUPED_RAIL_METRIC, SILENT_START_METRIC, AlivePoints, Evidence, node_of
 from ..finding import RAIL, Finding
 from ..params import LocalizeParams
 from ..robust import median
@@ -38,6 +38,7 @@ def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetr
     NICs; rail-late records join ``ev.rail.records``."""
     rail = ev.rail
     members = rail.member_nodes(comm) | {r.node for r in ordered}
+    first_late: dict[int, float] = {}
     for i, r in enumerate(ordered):
         if not r.complete or r.t_host_ns is None:
             continue
@@ -45,16 +46,92 @@ def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetr
             _judge_grouped(ev, p, comm, ordered, endpoints, i)
             continue
         # siblings: the same operator issued at the same moment on the node's other NICs
-        sib = [e for e, th, c in rail.siblings.get(rail.key(r), ())
+        sib = [(e, st) for e, th, c, st in rail.siblings.get(rail.key(r), ())
                if c != comm and abs(th - r.t_host_ns) <= p.rail_issue_ns]
         if len(sib) < p.rail_min_siblings:
             continue
-        ref = median(sib)
+        ref = median([e for e, _st in sib])
         if r.end_ns - ref >= p.rail_late_ns:
             f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(r.end_ns - ref), 0.0,
                         "end_after_other_nics_ns", r.start_ns, r.end_ns, peer_eps[i])
             rail.records.append((f, members))
+        if r.kind in EVERY_RANK_SENDS:
+            # from when it could start: with its siblings, or once its own previous
+            # operator ended (a lossy ring ends late at some ranks; their next starts late)
+            could = max(median([st for _e, st in sib]), rail.prev_end(r) or 0)
+            first_late[i] = r.start_ns - could
+    _judge_first_bytes(ev, p, comm, ordered, endpoints, peer_eps, first_late)
     rail.trim()
+
+
+EVERY_RANK_SENDS = frozenset({"AllReduce", "AllGather", "ReduceScatter"})
+"""Collectives in which every rank sends its own data and receives its neighbours' from
+the first step (a ring's first chunk, a tree's leaves upward and its interior receiving
+from them): a rank with a working NIC moves a byte as soon as its kernel runs."""
+
+
+def _judge_first_bytes(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetrics],
+                       endpoints: list[str], peer_eps: list[tuple[str, ...]], first_late: dict[int, float]) -> None:
+    """A record's start is its first byte sent. A rank whose first byte came
+    ``rail_late_ns`` after its siblings' on the node's other NICs (same node clock, no
+    offset involved) could not send on that one NIC, while a GPU or host fault would delay
+    every NIC of the node alike. Which ranks cannot send when the NIC of rank c is down
+    follows from the operator's structure (:func:`blocked_by`); when exactly one late rank
+    predicts the late set, its record names it (sweep 181 #21: node-00's ring record began
+    29.5 ms after its siblings', every other rank's on time, and its ring has no other
+    record to tell its six nodes apart; 197 #12: node-04 down and its ring predecessor late
+    with it; 223 #5: node-05 down in a 16-node tree, late with its children and the
+    ancestors the two trees share). :func:`rail_hypotheses` drops the record if another
+    communicator's record kept the NIC busy meanwhile (the stream was busy, not the link)."""
+    late = {ordered[i].rank for i, v in first_late.items() if v >= p.rail_late_ns}
+    if not late or len(first_late) - len(late) < 2:
+        return  # the rail as a whole waited (its previous operator stalled): no one NIC
+    known = {ordered[i].rank for i in first_late}
+    topo = ev.topo
+    fits = {c for c in late for model in (topo.rings.get(comm), topo.tree_parent.get(comm)) if model
+            and blocked_by(c, model) & known == late}
+    if len(fits) != 1:
+        return
+    c = fits.pop()
+    i = next(i for i in first_late if ordered[i].rank == c)
+    r = ordered[i]
+    f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(first_late[i]), 0.0, SILENT_START_METRIC,
+                r.start_ns, r.end_ns, peer_eps[i])
+    ev.rail.records.append((f, frozenset({r.node})))
+
+
+def blocked_by(c: int, model: list[list[int]] | dict[int, dict[int, int]]) -> set[int]:
+    """The ranks that cannot send their first byte of a collective while rank c's NIC is
+    down, per channel structure, and so on none of the channels: in a ring (a list of rank
+    orders) c and the rank sending to c (every other rank sends its own chunk at once); in
+    a tree (channel -> rank -> parent) c, its children (their first send goes up to c) and
+    its ancestors (a rank sends up, or the root down, only once every child's data came)."""
+    out: set[int] | None = None
+    if isinstance(model, list):
+        chans = [{c, ring[ring.index(c) - 1]} for ring in model if c in ring and len(ring) > 1]
+    else:
+        chans = []
+        for parent in model.values():
+            if c not in parent:
+                continue
+            got = {c} | {x for x, up in parent.items() if up == c}
+            x, hops = parent[c], 0
+            while x >= 0 and x not in got and hops < len(parent):
+                got.add(x)
+                x, hops = parent.get(x, -1), hops + 1
+            chans.append(got)
+    for got in chans:
+        out = got if out is None else out & got
+    return out or set()
+
+
+def silence(f: Finding) -> tuple[int, int]:
+    """The interval (its node's clock) in which a rail-late record waited silent: after its
+    siblings' first bytes, before its own; or, ending late, after its siblings' ends,
+    before its own start."""
+    if f.metric == SILENT_START_METRIC:
+        return int(f.start_ns - f.value), f.start_ns
+    return int(f.end_ns - f.value), f.start_ns
 
 
 def _judge_grouped(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetrics], endpoints: list[str],
@@ -99,7 +176,8 @@ def alive_in(alive: AlivePoints, p: LocalizeParams, ep: str, findings: list[Find
     m = p.rail_alive_margin_ns
     hits = set()
     for f in findings:
-        lo, hi = f.end_ns - f.value + m, f.start_ns - m
+        lo, hi = silence(f)
+        lo, hi = lo + m, hi - m
         if hi <= lo:
             continue
         i = bisect.bisect_right(ts, lo)
@@ -123,7 +201,8 @@ def rail_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     # link partner's records stall as long as its own (the flap holds both ends' sends),
     # and one unrelated late record left among them would make the partner the only node
     # common to all.
-    records = [(f, m) for f, m in kept if f.endpoint not in open_nics and not open_nics.intersection(f.peer_eps)]
+    records = [(f, m) for f, m in kept if f.endpoint not in open_nics and not open_nics.intersection(f.peer_eps)
+               and not (f.metric == SILENT_START_METRIC and ev.alive.busy(f.endpoint, *silence(f), f.comm_id, ""))]
     if len(records) < p.rail_persist:
         return {}
     sets = [m for _f, m in records]
