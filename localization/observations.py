@@ -197,6 +197,12 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
     resent = [v >= 1.0 + p.vol_excess for v in vol]
     slow_op = any(slow) or any(resent) or bool(capped)
     paced = _paced_by_cap(capped, ref, epoch)
+    if any(resent):
+        # Resends pace the operator as a cap does: a ring waits on its lossy link, and
+        # every rank's ACT stretches as far as the resending ranks' (sweep 239 #19: 1.7 %
+        # loss at node-03 in a 4-rank ring, ranks 0 and 1 at 11-13 epochs with the resending
+        # 2 and 3, their links 0->1 and 1->2 slow, and node-01 grouped with node-03 as a path)
+        paced = max(paced, max(a for a, r in zip(act, resent, strict=True) if r) + epoch)
     for i in range(len(act)):
         timed = slow[i] and act[i] >= top_from
         if timed and i not in capped and not resent[i] and i not in stragglers and act[i] <= paced:
@@ -205,7 +211,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             # cap slowed it, and which of them lands in the top epoch is quantisation (sweep
             # 229 #9: a NIC at 39 % in an 11-rank ring at 96 us epochs, ranks 0, 8, 9 and 10
             # as often in the top epoch as the capped ranks 6 and 7; their links were named
-            # a path). Their links did what they were asked.
+            # a path), or the resending ranks' ACT. Their links did what they were asked.
             out.paced += [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
             continue
         blamed = timed or resent[i] or i in capped

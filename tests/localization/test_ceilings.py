@@ -114,6 +114,30 @@ def test_ring_ranks_paced_by_a_capped_rank_are_not_blamed_beyond_what_the_cap_ex
     assert [lk.src for lk in j.links if lk.slow] == [eps[1], eps[3]]
 
 
+def test_ring_ranks_paced_by_resending_ranks_are_not_blamed_beyond_their_act():
+    """Sweep 239 #19: 1.7 % loss at node-03's NIC in a 4-rank ring; ranks 0 and 1 at 11-13
+    epochs with the resending ranks 2 and 3 (6 before), their links 0->1 and 1->2 slow by
+    timing, and node-01 grouped with node-03 as a path. A ring waits on its lossy link as
+    on a capped one."""
+    import dataclasses
+
+    p = LocalizeParams()
+    e = synth.EPOCH
+    ref = 6.0 * e
+    view, eps = _ring_view(70, [12 * e, 13 * e, 12 * e, 13 * e])
+    for r in (2, 3):
+        view.recs[r] = dataclasses.replace(view.recs[r], volume_bytes=int(1.4 * view.recs[r].expected_bytes))
+    j = judge(view, p, ref, None, (), {})
+    assert {f.rank: f.metric for f in j.findings} == {2: "volume_ratio", 3: "volume_ratio"}
+    assert sorted(lk.src for lk in j.links if lk.slow) == [eps[2], eps[3]]
+    assert sorted(lk.src for lk in j.paced) == [eps[0], eps[1]]
+    # slower than the resending ranks (an epoch either way): its own timing
+    view, eps = _ring_view(71, [16 * e, 13 * e, 12 * e, 13 * e])
+    view.recs[2] = dataclasses.replace(view.recs[2], volume_bytes=int(1.4 * view.recs[2].expected_bytes))
+    j = judge(view, p, ref, None, (), {})
+    assert {f.rank: f.metric for f in j.findings} == {0: "act_ns", 2: "volume_ratio"}
+
+
 def test_burst_is_at_most_one_for_a_record_held_to_one_rate_and_above_for_bursts():
     import math
 
