@@ -94,10 +94,15 @@ def grant_due(ev: Evidence, p: LocalizeParams, f: Finding, node: str) -> int | N
     recv = ev.stops.last_recv.get((f.comm_id, peer))
     if recv is None or recv[0] != f.seq:
         return None
+    # the receive runs in stream order: its grant leaves only once the communicator's
+    # previous operator at the receiver ended (sweep 239 #6: a receive posted 24 ms before
+    # the receiver's NIC died behind a send that ended as it died; its NIC's last bytes,
+    # that send's, came after the post and passed for the grant, and nobody was named)
+    due = max(recv[2], ev.rail.ends.get((f.comm_id, recv[1]), {}).get(f.seq - 1, recv[2]))
     if node == peer:
-        return recv[2]
+        return due
     if node == f.node:
-        return recv[2] + p.clock_skew_ns
+        return due + p.clock_skew_ns
     return None
 
 

@@ -297,6 +297,21 @@ def test_a_sender_whose_nic_went_on_after_the_grant_was_due_was_up():
     assert list(stop_hypotheses(ev, p)) == [("network-stop", (B,))]
 
 
+def test_a_grant_is_due_only_once_the_receivers_previous_operator_ended():
+    """Sweep 239 #6: B posted the receive, then its NIC moved the communicator's previous
+    operator until it died; those last bytes came after the post but before the receive
+    could run (stream order), so they are no grant."""
+    ev, p = evidence()
+    _ungranted(ev, p, 2 * MS)
+    ev.rail.ends[("p", 1)] = {4: 3 * MS}  # B's previous operator on p ended at 3 ms
+    ev.nic_tx[ep(B)] = 3 * MS  # its last bytes: that operator's
+    ev.nic_tx[ep(A)] = 3 * MS + p.clock_skew_ns + 1
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (B,))]
+    ev.nic_tx[ep(B)] = 3 * MS + 1  # after it: the grant went out, A never heard it
+    ev.nic_tx[ep(A)] = 0
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+
+
 def test_a_send_without_a_grant_gives_way_to_collective_stalls():
     # a dead NIC's own collective send stalls at zero beside its peers' partial ones: those
     # say where, the grant-less pipeline send only that the link broke
