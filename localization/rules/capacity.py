@@ -66,6 +66,17 @@ def beaten_on_every_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates
     return True
 
 
+def nic_cleared(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
+                outside: Collection[str]) -> bool:
+    """Whether x's NICs on the slow links are each seen, on clean links with nodes not in
+    ``outside`` at known rates, sending faster than x's slow sends got and receiving faster
+    than what it received on them: a fault of those NICs (or their PCIe) would slow both."""
+    out = {k: v for k, v in slow.items() if node_of(k[0]) == x}
+    into = {k: v for k, v in slow.items() if node_of(k[1]) == x}
+    return bool(out and into and beaten_on_every_nic(out, clean, rates, outside, sends=True)
+                and beaten_on_every_nic(into, clean, rates, outside, sends=False))
+
+
 def one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None,
                   covers: list[str], hits: list[Finding],
                   paced: tuple[dict[Link, float], dict[Link, float]] | None = None) -> bool:

@@ -26,7 +26,7 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..finding import PEER_RATE_IN, Finding
 from ..params import LocalizeParams
 from ..robust import median
-from .capacity import Rates, beaten_on_every_nic, capable, one_way_path
+from .capacity import Rates, beaten_on_every_nic, capable, nic_cleared, one_way_path
 from .host import host_hypothesis, host_shaped
 
 
@@ -211,15 +211,25 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         nic_pairs = {tuple(sorted(k)) for k in slow}
         ok = [x for x in covers if healthy(x)]
         timed = [f for f in hits if f.metric == "act_ns"]
-        if (judged is not None and len(ok) == 1 and len(nic_pairs) >= p.path_min_links
-                and 2 * sum(f.busy() for f in timed) > len(timed)):
+        if len(nic_pairs) < p.path_min_links and judged is not None and (a, b) in pairs and (b, a) in pairs:
+            # one NIC pair slow both ways: an end is cleared only by its own NIC of that pair
+            # moving faster both ways at known rates (any clean link of a node's other NICs
+            # clears it in ``ok``: the battery's capped NIC, its pipeline partner named)
+            ok = [x for x in covers if nic_cleared(slow, clean, judged, x, covers)]
+        if (judged is not None and len(ok) == 1 and 2 * sum(f.busy() for f in timed) > len(timed)
+                and (len(nic_pairs) >= p.path_min_links or ((a, b) in pairs and (b, a) in pairs))):
             # one end carries its other traffic faster than the slow links went, in every
             # direction they take; the other end's clean traffic never asked for that much
             # (a PCIe-capped node's all-to-all, bound by fan-in, keeps its usual pace): the
             # other end's cap explains every slow link - if they kept their NICs busy, as
             # a cap does: a starved host's late pipeline sends leave idle epochs (0.74-0.97
             # of their span active, every capped culprit 1.0) while its bulk sends beat
-            # them (sweep 79 #3: the healthy receiver was named network-slow)
+            # them (sweep 79 #3: the healthy receiver was named network-slow). One NIC pair
+            # slow both ways is enough: the cleared end's NIC went faster both ways, and only
+            # the other end - its NIC or its path to the cleared one - fits (sweep 223 #20: a
+            # NIC at 44 % slow only toward its pipeline partner, whose own NIC sent and
+            # received at 1.5x the slow links' rate elsewhere, its all-to-all never asking as
+            # much; it waited for a second NIC pair that never came)
             x = covers[0] if ok[0] == covers[1] else covers[1]
             return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
         if all(by_path(s, d) for s, d in pairs):

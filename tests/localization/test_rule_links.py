@@ -245,8 +245,8 @@ def test_pipeline_sends_into_two_congested_downlinks_name_the_receivers():
     assert slow_link_hypotheses(slow, set(), P) == {}  # nothing exonerates anybody: a guess
 
 
-def _capped(a_out: float, a_in: float, a_shared: bool):
-    """a <-> b slow both ways on two NIC pairs, the slow observations at most 29 bytes/ns;
+def _capped(a_out: float, a_in: float, a_shared: bool, rails: tuple[int, ...] = (0, 1)):
+    """a <-> b slow both ways on the NIC pairs of ``rails``, the slow observations at most 29 bytes/ns;
     b sends and receives cleanly with c at 43 (one peer: ring sends); a's clean traffic
     with c and d at ``a_out`` (its sends) and ``a_in`` (into it), ``a_shared``: records sent
     to several peers at once (an all-to-all)."""
@@ -254,7 +254,7 @@ def _capped(a_out: float, a_in: float, a_shared: bool):
     from pulse.localization.rules.links import link_state, shown_rates
 
     ev, p = evidence(clock_skew_ns=0)
-    for k in (0, 1):
+    for k in rails:
         for x, y in (("a", "b"), ("b", "a")):
             for i in range(6):
                 f = finding(ACT, x, seq=i, endpoint=ep(x, k), value=2.0, start=i * MS, end=i * MS + 1,
@@ -280,6 +280,36 @@ def test_a_node_whose_clean_traffic_never_beat_the_slow_links_is_their_cap():
     # an all-to-all sender's rate is its NIC's, shared among its receivers: at 40 it shows
     # a's sends work, not what a takes in
     assert list(_capped(40.0, 40.0, True)) == [("network-slow", ("a",))]
+
+
+def test_one_nic_pair_slow_both_ways_names_the_end_not_cleared():
+    """Sweep 223 #20: a NIC at 44 % slow only toward its pipeline partner (one NIC pair, both
+    ways), the partner's NIC faster both ways elsewhere, its own all-to-all never asking as
+    much: its NIC or its path to the partner, and only it fits either way."""
+    assert list(_capped(27.0, 27.0, True, rails=(0,))) == [("network-slow", ("a",))]
+    # both ends shown faster: one NIC pair is still a NIC or a path, wait
+    assert _capped(40.0, 40.0, False, rails=(0,)) == {}
+
+
+def test_one_nic_pair_slow_both_ways_clears_an_end_only_by_that_nic():
+    """Battery nic-slow: node-03's NIC 5 at 25 %, its pipeline sends to node-07 and back slow
+    on that NIC pair; node-03's other NICs send cleanly (its node is "capable") while its NIC
+    5 never went faster than the cap. Only NIC 5 can clear node-03, and node-07's NIC 5 does
+    clear node-07: node-03, not its partner."""
+    from pulse.localization.finding import LinkObs
+    from pulse.localization.rules.links import link_state, shown_rates
+
+    ev, p = evidence(clock_skew_ns=0)
+    for x, y in (("a", "b"), ("b", "a")):
+        for i in range(6):
+            f = finding(ACT, x, seq=i, endpoint=ep(x, 5), value=2.0, start=i * MS, end=i * MS + 1, to=(ep(y, 5),))
+            ev.links.add(LinkObs(ep(x, 5), ep(y, 5), True, f, i * MS + 1, 10.0, 12.5))
+    for node, nic, rate in (("a", 2, 43.0), ("a", 5, 12.0), ("b", 5, 43.0)):
+        for i in range(6):  # clean both ways with c on that NIC
+            ev.links.add(LinkObs(ep(node, nic), ep("c", nic), False, None, (i + 6) * MS, rate, rate * 1.05))
+            ev.links.add(LinkObs(ep("c", nic), ep(node, nic), False, None, (i + 6) * MS, rate, rate * 1.05))
+    slow, cl = link_state(ev, p)
+    assert list(slow_link_hypotheses(slow, cl, p, shown_rates(ev, p, slow, cl))) == [("network-slow", ("a",))]
 
 
 def test_both_ends_carrying_other_traffic_faster_than_the_slow_links_is_a_path():
