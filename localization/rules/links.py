@@ -26,7 +26,7 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..finding import PEER_RATE_IN, Finding
 from ..params import LocalizeParams
 from ..robust import median
-from .capacity import Rates, beaten_on_every_nic, capable, nic_cleared, one_way_path
+from .capacity import Rates, beaten_on_every_nic, capable, held_to_one_rate, nic_cleared, one_way_path
 from .host import host_hypothesis, host_shaped
 
 
@@ -211,13 +211,16 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         nic_pairs = {tuple(sorted(k)) for k in slow}
         ok = [x for x in covers if healthy(x)]
         timed = [f for f in hits if f.metric == "act_ns"]
-        if len(nic_pairs) < p.path_min_links and judged is not None and (a, b) in pairs and (b, a) in pairs:
-            # one NIC pair slow both ways: an end is cleared only by its own NIC of that pair
-            # moving faster both ways at known rates (any clean link of a node's other NICs
-            # clears it in ``ok``: the battery's capped NIC, its pipeline partner named)
+        one_pair = (len(nic_pairs) < p.path_min_links and judged is not None and (a, b) in pairs
+                    and (b, a) in pairs and held_to_one_rate(hits))
+        if one_pair:
+            # one NIC pair slow both ways, held to one rate as a cap holds them: an end is
+            # cleared only by its own NIC of that pair moving faster at a known rate (any
+            # clean link of a node's other NICs clears it in ``ok``: the battery's capped
+            # NIC, its pipeline partner named)
             ok = [x for x in covers if nic_cleared(slow, clean, judged, x, covers)]
         if (judged is not None and len(ok) == 1 and 2 * sum(f.busy() for f in timed) > len(timed)
-                and (len(nic_pairs) >= p.path_min_links or ((a, b) in pairs and (b, a) in pairs))):
+                and (len(nic_pairs) >= p.path_min_links or one_pair)):
             # one end carries its other traffic faster than the slow links went, in every
             # direction they take; the other end's clean traffic never asked for that much
             # (a PCIe-capped node's all-to-all, bound by fan-in, keeps its usual pace): the
