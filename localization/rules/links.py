@@ -161,6 +161,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
     if len(covers) == 1:
         x = covers[0]
+        if _paced_end(slow, clean, rates, x, hits):
+            return {}
         if host_shaped(slow, p, x):
             # x's sends slow far more than what it receives, on several NICs: its host
             # (asked first above) is waiting for its receivers to be seen receiving cleanly
@@ -330,6 +332,25 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         # was named a group of four)
         return {}
     return {("path", grp): make_hypothesis(p, "path", "group", grp, hits)}
+
+
+def _paced_end(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
+               hits: list[Finding]) -> bool:
+    """Whether x, on every slow link, sent its slow sends with its NIC idle between bursts
+    (most not busy: paced by what it received) and each of those NICs whose slow rate is
+    known was seen sending faster at a known rate elsewhere: x's NIC did not hold them back
+    (a cap keeps them busy, both ways alike), and what is slow into x is its senders' doing
+    or its downlink's, which the all-to-all inward rule judges (sweep 251 #18: a starved
+    host node-01 in a 4-rank ring under MoE; node-02, downstream, on every slow link, its
+    ring sends busy in 7 of 19, its all-to-all sends faster on the same NIC; named
+    network-slow after the right compute-slow)."""
+    timed = [f for f in hits if f.node == x and f.metric == "act_ns"]
+    own = [f for f in timed if f.epoch_ns > 0]  # its wire span and epoch known
+    if 2 * len(own) <= len(timed) or 2 * sum(f.busy() for f in own) > len(own):
+        return False
+    slow_hi = (rates or ({}, {}, {}))[0]
+    known = {k: v for k, v in slow.items() if node_of(k[0]) == x and slow_hi.get(k, 0.0) > 0}
+    return beaten_on_every_nic(known, clean, rates, [x], sends=True)
 
 
 def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:

@@ -92,6 +92,30 @@ def test_the_node_on_every_slow_link_is_network_slow():
     assert got[("network-slow", ("a",))].nics == [ep("a")]
 
 
+def test_the_node_on_every_slow_link_whose_own_sends_idled_between_bursts_is_not_named():
+    """Sweep 251 #18: a starved host upstream of x in a ring; x on every slow link, its own
+    sends slow but idle between bursts (paced by what it received), its NIC sending faster
+    elsewhere. A cap at x would keep them busy: x is not named from them."""
+    from dataclasses import replace
+
+    def state(busy: bool, epoch: int = 10_000):
+        ins = [replace(f, epoch_ns=epoch) for f in slow_link(ep("c"), ep("a"))]
+        outs = [replace(f, epoch_ns=epoch, value=float(f.end_ns - f.start_ns) if busy else 2.0 * epoch)
+                for f in slow_link(ep("a"), ep("b"))]
+        return {(ep("c"), ep("a")): ins, (ep("a"), ep("b")): outs}
+
+    assert slow_link_hypotheses(state(busy=False), set(), P) == {}
+    assert list(slow_link_hypotheses(state(busy=True), set(), P)) == [("network-slow", ("a",))]
+    # without its records' epoch the idle epochs are unknown: as before
+    assert list(slow_link_hypotheses(state(busy=False, epoch=0), set(), P)) == [("network-slow", ("a",))]
+    # x's NIC seen sending no faster than the slow sends at a known rate: no proof it was not the cap
+    rates = ({(ep("a"), ep("b")): 20.0}, {(ep("a", 0), ep("d", 0)): 15.0}, {})
+    assert list(slow_link_hypotheses(state(busy=False), {(ep("a"), ep("d"))}, P, rates)) == [
+        ("network-slow", ("a",))]
+    rates = ({(ep("a"), ep("b")): 20.0}, {(ep("a", 0), ep("d", 0)): 30.0}, {})
+    assert slow_link_hypotheses(state(busy=False), {(ep("a"), ep("d"))}, P, rates) == {}
+
+
 def test_one_slow_link_waits_for_more_evidence():
     slow = {(ep("a"), ep("b")): slow_link(ep("a"), ep("b"))}
     assert slow_link_hypotheses(slow, set(), P) == {}
