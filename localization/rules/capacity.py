@@ -8,7 +8,6 @@ from collections.abc import Collection
 
 from ..evidence import Link, node_of
 from ..finding import Finding
-from ..params import LocalizeParams
 from ..robust import median
 
 Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
@@ -73,14 +72,6 @@ def held_to_one_rate(hits: list[Finding]) -> bool:
     them, not in bursts between lulls (a congested downlink, a starved host)."""
     bursts = [f.burst for f in hits if not math.isnan(f.burst)]
     return 2 * len(bursts) > len(hits) and median(bursts) <= 1.0
-
-
-def bursting(hits: list[Finding], p: LocalizeParams) -> bool:
-    """Whether most slow findings carry a busiest-epoch figure and their median is past 1 /
-    ``rate_ratio`` of the flat bound (the margin at which one rate is below another): their
-    bytes came in bursts between lulls, which no cap at their NIC makes."""
-    bursts = [f.burst for f in hits if not math.isnan(f.burst)]
-    return 2 * len(bursts) > len(hits) and median(bursts) > 1.0 / p.rate_ratio
 
 
 def nic_cleared(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,

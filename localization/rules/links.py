@@ -26,15 +26,7 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..finding import PEER_RATE_IN, Finding
 from ..params import LocalizeParams
 from ..robust import median
-from .capacity import (
-    Rates,
-    beaten_on_every_nic,
-    bursting,
-    capable,
-    held_to_one_rate,
-    nic_cleared,
-    one_way_path,
-)
+from .capacity import Rates, beaten_on_every_nic, capable, held_to_one_rate, nic_cleared, one_way_path
 from .host import host_hypothesis, host_shaped
 
 
@@ -307,14 +299,6 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
             # peer sets share is a coincidence of the tree's shape (sweep 79 #7: a NIC at
             # 44 % on node-00, the relays of node-02 and node-06 slow, node-04 - a peer of
             # both - named). Nothing of x's own says it: wait.
-            return {}
-        own = [f for f in hits if f.node == x]
-        if all(f.metric == "act_ns" and len(f.peer_eps) > 1 and f.flows > 1 for f in own) and bursting(own, p):
-            # x's own slow records are relays slow by timing that sent in bursts, as a
-            # relay paced by its inputs or by a congested peer does; a cap at x's NIC would
-            # hold them to one rate (sweep 251 #22: a switch congestion into node-00 and
-            # node-01 under a 5-rank tree; node-02, the one node every slow relay record
-            # shared, named network-slow, its own relays at 1.9-2.5 of the flat bound)
             return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     sets = {record_nodes(f) for f in hits} or {frozenset(k) for k in pairs}

@@ -548,15 +548,6 @@ def test_relays_of_other_nodes_sharing_one_peer_do_not_name_that_peer():
     # x's own relay record slow too: x is in every slow record, its own among them
     slow.update(relay("x", ("p", "q", "e")))
     assert list(slow_link_hypotheses(slow, set(), P)) == [("network-slow", ("x",))]
-    # ... but sent in bursts, as a relay paced by its inputs or by a congested peer sends
-    # (sweep 251 #22: node-02's own relays at 1.9-2.5 of the flat bound under a switch
-    # congestion into two of its peers); a cap at x would hold them to one rate
-    for k in [k for k in slow if k[0] == ep("x")]:
-        slow[k] = [replace(f, burst=2.2) for f in slow[k]]
-    assert slow_link_hypotheses(slow, set(), P) == {}
-    for k in [k for k in slow if k[0] == ep("x")]:
-        slow[k] = [replace(f, burst=1.0) for f in slow[k]]
-    assert list(slow_link_hypotheses(slow, set(), P)) == [("network-slow", ("x",))]
 
 
 def test_a_tree_relay_slow_by_its_inputs_pace_joins_no_group():
