@@ -271,9 +271,9 @@ GROUPED_RAIL_METRIC = "silent_after_other_nics_ns"
 (``rules/rail.py``), told apart from a ring's or a send's ``end_after_other_nics_ns``."""
 
 SILENT_START_METRIC = "silent_before_other_nics_ns"
-"""The metric of a collective's record whose first byte came this long after its siblings'
-on the node's other NICs while its operator's other ranks began with theirs
-(``rules/rail.py``): its own NIC moved nothing either way."""
+"""The metric of a collective's record whose first byte sent came this long after its
+siblings' on the node's other NICs, the late ranks of its operator being exactly those a
+down NIC of its rank would block (``rules/rail.py``)."""
 
 
 class RailEvidence:
@@ -331,9 +331,13 @@ class RailEvidence:
         elif m.peer_done_ns is not None:
             self.grouped.setdefault(self.grouped_key(m), []).append((m.end_ns, m.t_host_ns, m.comm_id, m.act_ns))
 
+    def end_of(self, comm: str, rank: int, seq: int) -> int | None:
+        """When operator ``seq`` of ``comm`` ended at ``rank`` (None: not seen, or long gone)."""
+        return self.ends.get((comm, rank), {}).get(seq)
+
     def prev_end(self, m: OpMetrics) -> int | None:
         """When the operator before ``m`` on its communicator ended at its rank (None: not seen)."""
-        return self.ends.get((m.comm_id, m.rank), {}).get(m.seq - 1)
+        return self.end_of(m.comm_id, m.rank, m.seq - 1)
 
     def trim(self) -> None:
         for table in (self.siblings, self.grouped):

@@ -98,7 +98,7 @@ def grant_due(ev: Evidence, p: LocalizeParams, f: Finding, node: str) -> int | N
     # previous operator at the receiver ended (sweep 239 #6: a receive posted 24 ms before
     # the receiver's NIC died behind a send that ended as it died; its NIC's last bytes,
     # that send's, came after the post and passed for the grant, and nobody was named)
-    due = max(recv[2], ev.rail.ends.get((f.comm_id, recv[1]), {}).get(f.seq - 1, recv[2]))
+    due = max(recv[2], ev.rail.end_of(f.comm_id, recv[1], f.seq - 1) or recv[2])
     if node == peer:
         return due
     if node == f.node:

@@ -35,6 +35,9 @@ def test_a_tree_blocks_the_down_rank_its_children_and_its_ancestors():
     other = {5: -1, 4: 5, 3: 5, 2: 4, 1: 4, 0: 3}
     assert blocked_by(1, {0: parent, 1: other}) == {1, 4}
     assert blocked_by(9, {0: parent}) == set()
+    # a parent map that loops (a garbled comm event) ends: the walk stops where it started
+    assert blocked_by(1, {0: {0: 1, 1: 0}}) == {0, 1}
+    assert blocked_by(0, {0: {0: 5, 1: 0}}) == {0, 1, 5}  # a parent outside the map ends the walk there
 
 
 def _evidence(rings: list[list[int]] | None = None, trees: list[dict[int, int]] | None = None):
