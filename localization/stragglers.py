@@ -8,20 +8,25 @@ in others (lab, loss:1:2: one run in three with 6 of 30 operators over the bound
 verdict; the same rank was the slowest of its ring in 28 of those 30).
 
 Consistency is the stronger evidence. In a collective where every rank moves the same
-bytes to one peer (a ring), ranks are alike: which of them is the slowest changes from
-operator to operator, so a rank that is the slowest in ``k`` of the communicator's last
-``window_ops`` operators is no accident once the binomial tail of ``k`` successes at 1/n
-each, summed over the n ranks, is below ``straggler_alpha``. The count says that a rank is
-slower, not by how much: ranks are not alike to the last percent (a longer cable, a busier
+bytes to one peer (a ring), ranks are alike: their order by ACT changes from operator to
+operator, each rank's place (0 the fastest, n-1 the slowest) uniform and independent of the
+others', so a rank whose places summed over the communicator's last ``window_ops``
+operators reach a total whose tail under that null, over the n ranks, is below
+``straggler_alpha`` is no accident. Places, not only "the slowest": one operator in which a
+retransmission timeout stretched another rank (lab, loss:1:2 in a fresh-clone CI run: two
+~240 ms TCP RTOs) or a tie at an epoch's quantisation costs the lossy rank a place or two,
+not the whole operator (counting only strict wins needed 10 of 12 at 4 ranks and held in
+7 operators of that job: no verdict). Ties take their mid-place, which only pulls totals
+toward the middle (conservative). The places say that a rank is slower, not by how much: ranks are not alike to the last percent (a longer cable, a busier
 host), and such a rank costs the job nothing worth draining a node for. So its ACT summed
 over the window must also be half the per-operator ratio beyond the summed medians of the
 other ranks of the same operators (the same operators: step-to-step changes of pace
 cancel). The size is judged on the window, not per operator: one operator's ACT is off by
 up to an epoch of quantisation either way, which the sums average out, and a link only a
 little slower (TCP at 2 % loss: 1.06-1.55x its ring's median, 1.18x over 30 operators)
-cleared the margin with an epoch either way in half its operators, too few for the count
-(lab, loss:1:2: a miss in one fresh run in three). Such a rank's records are slow in the
-operators it is the slowest of, while it stays that way; the link rules decide, as for any
+cleared the margin with an epoch either way in half its operators (lab, loss:1:2: a miss
+in one fresh run in three). Such a rank's records are slow in the operators it is the
+slowest of (ties included), while it stays that way; the link rules decide, as for any
 slow record, which end or path it is.
 """
 
@@ -51,6 +56,34 @@ def tail_count(q: float, window: int, alpha: float) -> int:
     return window + 1
 
 
+@lru_cache(maxsize=256)
+def place_total(n: int, window: int, alpha: float) -> int:
+    """The smallest total, in half places (a tie's mid-place is a whole number of them), of
+    one rank's places among ``n`` over ``window`` operators whose chance, for any of the n
+    exchangeable ranks, is at most ``alpha`` (``2 * window * (n - 1) + 1``: none is)."""
+    top = 2 * window * (n - 1)
+    if n < 2:
+        return top + 1
+    dist = np.zeros(top + 1)
+    dist[0] = 1.0
+    one = np.zeros(2 * (n - 1) + 1)
+    one[::2] = 1.0 / n  # untied places 0, 2, ..., 2(n-1) half places
+    for _ in range(window):
+        dist = np.convolve(dist, one)[: top + 1]
+    tail = np.cumsum(dist[::-1])[::-1]
+    ok = np.nonzero(tail <= alpha / n)[0]
+    return int(ok[0]) if ok.size else top + 1
+
+
+def half_places(act: np.ndarray) -> np.ndarray:
+    """Each record's place by ACT among its operator's, in half places: twice the records
+    strictly faster plus the others tied with it (0 the fastest, 2(n-1) the slowest; a tie
+    takes the mean of the places it spans)."""
+    less = (act[None, :] < act[:, None]).sum(axis=1)
+    same = (act[None, :] == act[:, None]).sum(axis=1) - 1
+    return 2 * less + same
+
+
 def consistent_count(n: int, window: int, alpha: float) -> int:
     """The fewest operators of ``window`` in which one of ``n`` exchangeable ranks must be
     the slowest for the chance that any rank gets there by luck to stay below ``alpha``
@@ -70,42 +103,37 @@ def symmetric(ordered: list[OpMetrics], peers: list[int], p: LocalizeParams) -> 
                     and (r.flows == 1 or n == 1) for r, n in zip(ordered, peers, strict=True)))
 
 
-def slowest(act: np.ndarray) -> int:
-    """The index of the record strictly slower than every other (-1: a tie at the top)."""
-    i = int(np.argmax(act))
-    return i if act[i] > np.delete(act, i).max() else -1
-
-
 class Stragglers:
-    """Per communicator, which rank was the slowest of each of its last ``window_ops``
-    symmetric operators, and the operators' ACTs for the size of its lead."""
+    """Per communicator, each rank's place in each of its last ``window_ops`` symmetric
+    operators, and the operators' ACTs for the size of its lead."""
 
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self.ratio = 1.0 + (p.act_ratio - 1.0) / 2.0
-        self._last: dict[str, deque[tuple[int, tuple[int, ...], np.ndarray]]] = {}
+        self._last: dict[str, deque[tuple[tuple[int, ...], np.ndarray, np.ndarray]]] = {}
 
     def observe(self, comm: str, ordered: list[OpMetrics], peers: list[int]) -> frozenset[int]:
         """Record one closed operator of ``comm`` (its records in rank order, and how many
         peers each rank sends to: :func:`symmetric`); the indices of the records that are
-        consistent stragglers in it."""
+        consistent stragglers in it (the slowest of it, ties included)."""
         if not symmetric(ordered, peers, self.p):
             return frozenset()
         act = np.fromiter((r.act_ns for r in ordered), np.float64, len(ordered))
-        i = slowest(act)
-        rank = ordered[i].rank if i >= 0 else -1
+        ranks = tuple(r.rank for r in ordered)
         last = self._last.setdefault(comm, deque(maxlen=self.p.window_ops))
-        last.append((rank, tuple(r.rank for r in ordered), act))
-        if i < 0 or len(last) < last.maxlen:  # type: ignore[operator]
+        last.append((ranks, act, half_places(act)))
+        if len(last) < last.maxlen:  # type: ignore[operator]
             return frozenset()
-        k = consistent_count(len(ordered), self.p.window_ops, self.p.straggler_alpha)
-        if sum(1 for rk, _, _ in last if rk == rank) < k:
-            return frozenset()
-        own = others = 0.0
-        for _, ranks, a in last:
-            if rank in ranks:
-                j = ranks.index(rank)
-                own += float(a[j])
-                others += float(np.median(np.delete(a, j)))
+        need = place_total(len(ordered), self.p.window_ops, self.p.straggler_alpha)
         epoch = float(ordered[0].epoch_ns)
-        return frozenset((i,)) if own - epoch >= self.ratio * (others + epoch) else frozenset()
+        out = []
+        for i in np.nonzero(act == act.max())[0]:
+            rank = ranks[int(i)]
+            held = [(rs.index(rank), a, h) for rs, a, h in last if rank in rs]
+            if sum(float(h[j]) for j, _, h in held) < need:
+                continue
+            own = sum(float(a[j]) for j, a, _ in held)
+            others = sum(float(np.median(np.delete(a, j))) for j, a, _ in held)
+            if own - epoch >= self.ratio * (others + epoch):
+                out.append(int(i))
+        return frozenset(out)
