@@ -187,12 +187,18 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
     top_from = amax - max(epoch, p.act_top_frac * amax)
     vol = [float(r.volume_bytes) / max(float(r.expected_bytes), 1.0) if r.expected_bytes > 0 else 1.0
            for r in recs]
-    # a consistent straggler's operator is slow as any other: the records as busy as it
-    # (the one sending into its NIC, within ``act_top_frac``) with it
+    # a consistent straggler's operator is slow as any other at the straggler's links: its
+    # ring neighbours as busy as it (the one sending into its NIC, the one it sends into;
+    # within ``act_top_frac``) with it. Not every rank as busy: a ring goes at the pace of
+    # its slowest link and the ranks downstream of it stay as busy (sweep 239 #7:
+    # congestion into node-04 of a 13-rank ring at 96 us epochs, node-03 sending into it
+    # the straggler, ranks 05-08 within the top fraction and their links grouped as a path)
     near = min((act[i] for i in stragglers), default=float("inf"))
     near -= max(epoch, p.act_top_frac * near)
-    slow = [a >= near or (a >= bound and (len(view.peer_eps[i]) < 2
-                                          or (a > relay_max if relay_max is not None else recs[i].flows < 2)))
+    beside = _beside(view, stragglers)
+    slow = [(a >= near and i in beside)
+            or (a >= bound and (len(view.peer_eps[i]) < 2
+                                or (a > relay_max if relay_max is not None else recs[i].flows < 2)))
             for i, a in enumerate(act)]
     resent = [v >= 1.0 + p.vol_excess for v in vol]
     slow_op = any(slow) or any(resent) or bool(capped)
@@ -220,7 +226,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             f = finding_of(view, i, ACT, "volume_ratio", vol[i], 1.0)
         elif timed:
             f = finding_of(view, i, ACT, "act_ns", act[i], ref)
-            if act[i] >= near:
+            if act[i] >= near and i in beside:
                 f.consistent = True
         elif blamed:
             f = finding_of(view, i, ACT, CEILING, *capped[i])
@@ -235,6 +241,16 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 out.links.append(link_of(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
+
+
+def _beside(view: OpView, stragglers: Collection[int]) -> set[int]:
+    """The consistent stragglers and the records on a link with one of them (sending into
+    its NIC, or sent into by it)."""
+    out = set(stragglers)
+    for s in stragglers:
+        ep, into = view.endpoints[s], set(view.peer_eps[s])
+        out.update(i for i in range(len(view.recs)) if ep in view.peer_eps[i] or view.endpoints[i] in into)
+    return out
 
 
 def _paced_by_cap(capped: dict[int, tuple[float, float]], ref: float, epoch: float) -> float:
