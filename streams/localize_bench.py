@@ -66,19 +66,29 @@ def _renamed(item: Any, k: int) -> Any:
     return dataclasses.replace(item, **changes) if changes else item
 
 
-def tile(calls: list[tuple[dict[Any, list[Any]], list[Any]]], copies: int, shards: int = 1) -> list[list[Call]]:
+def tile(calls: list[tuple[dict[Any, list[Any]], list[Any]]], copies: int, shards: int = 1,
+         healthy: list[tuple[dict[Any, list[Any]], list[Any]]] | None = None, faulty: int | None = None
+         ) -> list[list[Call]]:
     """Each call's messages for ``copies`` renamed copies of the job, packed as the segment
     agents pack them, for each of ``shards`` shards (what the shard's localize state gets:
-    its rails' metrics and flow bindings; membership, posted receives and data ends all)."""
+    its rails' metrics and flow bindings; membership, posted receives and data ends all).
+    With ``healthy`` (the calls of the same job without its fault), only the first
+    ``faulty`` copies are of ``calls``, the others of ``healthy``: one fault in a large
+    job, as a cluster has it, not ``copies`` identical faults at the same moments."""
     from pulse.engine.shards import rail, shard_of
 
     from .state import _pack
 
+    n_faulty = copies if healthy is None or faulty is None else min(faulty, copies)
+    sources = [calls if k < n_faulty else (healthy or []) for k in range(copies)]
     out: list[list[Call]] = [[] for _ in range(shards)]
-    for forwards, metrics in calls:
+    for c in range(max(len(src) for src in sources)):
         fw: dict[Any, list[Any]] = {}
         ms: list[Any] = []
-        for k in range(copies):
+        for k, src in enumerate(sources):
+            if c >= len(src):
+                continue
+            forwards, metrics = src[c]
             for (job, node), items in forwards.items():
                 fw[(job, f"t{k:03d}-{node}")] = [_renamed(i, k) for i in items]
             ms += [_renamed(m, k) for m in metrics]
@@ -174,21 +184,29 @@ def measure(per_shard: list[list[Call]], span_s: float, gpus: int, profile: int 
               help="Copies of the simulated job localized as one job (16 x 64 GPUs = 1,024).")
 @click.option("--shards", type=count(1, 1024), default=1, show_default=True,
               help="Localization shards per job (each run in turn on this core).")
+@click.option("--faulty", type=count(1, 1024), default=None,
+              help="Copies that carry the scenario's fault, the others healthy runs of the same job "
+                   "(default: every copy, as measured before; 1: one fault in the large job).")
 @click.option("--profile", type=count(0, 200), default=0, help="Print cProfile's top N functions (stderr).")
 @click.option("--json", "as_json", is_flag=True)
-def bench_localize(scenario: str, seed: int, nodes: int, steps: int, copies: int, shards: int, profile: int,
-                   as_json: bool) -> None:
+def bench_localize(scenario: str, seed: int, nodes: int, steps: int, copies: int, shards: int, faulty: int | None,
+                   profile: int, as_json: bool) -> None:
     """Localization CPU per second of traffic and GPUs per core, vs a bare JSON decode of the
     same messages."""
     from pulse.sim.config import SimConfig
     from pulse.sim.run import simulate
 
+    healthy = None
     with tempfile.TemporaryDirectory(prefix="pulse-bench-loc-") as tmp:
         simulate(SimConfig(scenario=scenario, seed=seed, nodes=nodes, steps=steps, job="bench"), Path(tmp) / "t")
         raw, span, _nodes = capture(Path(tmp) / "t")
+        if faulty is not None and faulty < copies and scenario != "healthy":
+            simulate(SimConfig(scenario="healthy", seed=seed, nodes=nodes, steps=steps, job="bench"), Path(tmp) / "h")
+            healthy, h_span, _ = capture(Path(tmp) / "h")
+            span = max(span, h_span)
     gpus = nodes * 8  # the simulator's default GPUs per node
-    res = measure(tile(raw, copies, shards), span, gpus * copies, profile)
-    res.update(scenario=scenario, seed=seed, tile=copies)
+    res = measure(tile(raw, copies, shards, healthy, faulty), span, gpus * copies, profile)
+    res.update(scenario=scenario, seed=seed, tile=copies, faulty=copies if healthy is None else faulty)
     if as_json:
         sys.stdout.write(orjson.dumps(res).decode() + "\n")
     else:
