@@ -156,6 +156,7 @@ class LinkWindows:
         self._slow = np.zeros((64, p.window_ops), np.bool_)
         self._rate = np.zeros((64, p.window_ops), np.float64)
         self._shared = np.zeros((64, p.window_ops), np.bool_)
+        self._paced = np.zeros((64, p.window_ops), np.bool_)
         self._fill = np.zeros(64, np.int64)
 
     def add(self, lk: LinkObs) -> None:
@@ -173,6 +174,7 @@ class LinkWindows:
         self._slow[row, pos] = lk.slow
         self._rate[row, pos] = lk.rate_lo
         self._shared[row, pos] = lk.shared
+        self._paced[row, pos] = lk.paced
         self._pos[row] = (pos + 1) % self.p.window_ops
         if pos >= self._fill[row]:
             self._fill[row] = pos + 1
@@ -192,6 +194,7 @@ class LinkWindows:
             self._slow = np.concatenate([self._slow, np.zeros_like(self._slow[:grow])])
             self._rate = np.concatenate([self._rate, np.zeros_like(self._rate[:grow])])
             self._shared = np.concatenate([self._shared, np.zeros_like(self._shared[:grow])])
+            self._paced = np.concatenate([self._paced, np.zeros_like(self._paced[:grow])])
             self._fill = np.concatenate([self._fill, np.zeros_like(self._fill)])
         self.keys.append(key)
         self.senders.add(node_of(key[0]))
@@ -201,10 +204,10 @@ class LinkWindows:
 
     def recent(self, since: int) -> tuple[np.ndarray, np.ndarray]:
         """Per row of :attr:`keys`: how many observations of its window ended at or after
-        ``since``, and how many of those were slow."""
+        ``since``, and how many of those were slow (paced ones are neither)."""
         n = len(self.keys)
         valid = np.arange(self.p.window_ops) < self._fill[:n, None]
-        recent = valid & (self._ends[:n] >= since)
+        recent = valid & (self._ends[:n] >= since) & ~self._paced[:n]
         return recent.sum(axis=1), (recent & self._slow[:n]).sum(axis=1)
 
     def row(self, key: Link) -> int:
@@ -219,7 +222,7 @@ class LinkWindows:
             return {}, {}
         valid = np.arange(self.p.window_ops) < self._fill[rows, None]
         rate = self._rate[rows]
-        ok = valid & (self._ends[rows] >= since) & ~self._slow[rows] & (rate > 0)
+        ok = valid & (self._ends[rows] >= since) & ~self._slow[rows] & ~self._paced[rows] & (rate > 0)
         lo = np.where(ok, rate, -np.inf).max(axis=1)
         own = np.where(ok & ~self._shared[rows], rate, -np.inf).max(axis=1)
         has = np.flatnonzero(ok.any(axis=1))

@@ -115,3 +115,8 @@ class LinkObs:
     shared: bool = False
     """The record sent to several peers at once (all-to-all, a tree relay): its rate is its
     NIC's, not this link's, and says nothing of what the receiver took in."""
+    paced: bool = False
+    """The record went at the pace its operator's capped or resending ranks set: neither
+    slow nor clean, but newer than the link's older observations, which it ages out of the
+    window (a ring's victims blamed by timing at a cap's onset, before the ceilings knew
+    the cap, stay slow otherwise: sweep 257 #23)."""

@@ -29,6 +29,7 @@ in between; see docs/localization.md, "Clock skew".
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 
 import numpy as np
@@ -217,8 +218,11 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             # cap slowed it, and which of them lands in the top epoch is quantisation (sweep
             # 229 #9: a NIC at 39 % in an 11-rank ring at 96 us epochs, ranks 0, 8, 9 and 10
             # as often in the top epoch as the capped ranks 6 and 7; their links were named
-            # a path), or the resending ranks' ACT. Their links did what they were asked.
-            out.paced += [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
+            # a path), or the resending ranks' ACT. Their links did what they were asked,
+            # and what their windows held from before the cap was known ages out.
+            held = [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
+            out.paced += held
+            out.links += [dataclasses.replace(lk, paced=True) for lk in held]
             continue
         blamed = timed or resent[i] or i in capped
         f = None
@@ -241,6 +245,9 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 out.links.append(link_of(view, i, d, blamed, f))
             if blamed:
                 out.findings.append(f)  # type: ignore[arg-type]
+        elif capped or any(resent):
+            # paced by the capped or resending ranks wherever its ACT landed
+            out.links += [dataclasses.replace(link_of(view, i, d, False, None), paced=True) for d in view.peer_eps[i]]
 
 
 def _beside(view: OpView, stragglers: Collection[int]) -> set[int]:

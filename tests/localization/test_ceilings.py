@@ -99,10 +99,13 @@ def test_ring_ranks_paced_by_a_capped_rank_are_not_blamed_beyond_what_the_cap_ex
     cap = {1: (0.4 * LINE, float(LINE))}  # rank 1 capped at 40 %: up to 2.5x the reference
     view, eps = _ring_view(60, [33 * e, 34 * e, 33 * e, 34 * e])
     j = judge(view, p, ref, None, (), cap)
-    assert [(lk.src, lk.slow) for lk in j.links] == [(eps[1], True)]
+    assert [(lk.src, lk.slow) for lk in j.links if not lk.paced] == [(eps[1], True)]
     assert {f.rank for f in j.findings} == {1}
     # what they carried is still a rate their NICs reached
     assert [lk.src for lk in j.paced] == [eps[0], eps[2], eps[3]]
+    # and their windows get a paced observation, neither slow nor clean, that ages out
+    # what they held from before the cap was known (sweep 257 #23)
+    assert [(lk.src, lk.slow) for lk in j.links if lk.paced] == [(eps[0], False), (eps[2], False), (eps[3], False)]
     # without the cap, every rank in the top epoch is blamed as before
     j = judge(view, p, ref, None, (), {})
     assert {f.rank for f in j.findings} == {0, 1, 2, 3}
@@ -176,3 +179,22 @@ def test_a_rank_whose_busiest_epochs_fell_with_a_bursty_input_is_not_capped():
     assert last(28 * e).keys() == {1}
     # the same busiest epoch over 40 active epochs: 1.45 of the flat bound, bursts
     assert last(40 * e) == {}
+
+
+def test_paced_observations_age_a_window_and_show_neither_slowness_nor_health():
+    import numpy as np
+    from pulse.localization.evidence import LinkWindows
+    from pulse.localization.finding import LinkObs
+
+    p = LocalizeParams()
+    w = LinkWindows(p)
+    key = ("n0/mlx5_0", "n1/mlx5_0")
+    for t in range(7):  # slow by timing at a cap's onset, before the ceilings knew it
+        w.add(LinkObs(*key, True, None, 1000 + t, 1.0, 2.0))
+    assert key in w.hot and w.slow_count[key] == 7
+    for t in range(p.window_ops):
+        w.add(LinkObs(*key, False, None, 2000 + t, 5.0, 6.0, paced=True))
+    assert key not in w.hot and w.slow_count[key] == 0 and w.n_slow == 0
+    n_recent, n_slow = w.recent(0)
+    assert n_recent.tolist() == [0] and n_slow.tolist() == [0]  # not seen clean
+    assert w.clean_rates(0, np.array([w.row(key)], np.int64)) == ({}, {})  # no rate shown clean
