@@ -29,7 +29,6 @@ in between; see docs/localization.md, "Clock skew".
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Collection
 
 import numpy as np
@@ -220,9 +219,8 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
             # as often in the top epoch as the capped ranks 6 and 7; their links were named
             # a path), or the resending ranks' ACT. Their links did what they were asked,
             # and what their windows held from before the cap was known ages out.
-            held = [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
-            out.paced += held
-            out.links += [dataclasses.replace(lk, paced=True) for lk in held]
+            out.paced += [link_of(view, i, d, False, None) for d in view.peer_eps[i]]
+            out.links += [link_of(view, i, d, False, None, paced=True) for d in view.peer_eps[i]]
             continue
         blamed = timed or resent[i] or i in capped
         f = None
@@ -247,7 +245,7 @@ def _judge_act(view: OpView, p: LocalizeParams, ref: float | None, out: Judgemen
                 out.findings.append(f)  # type: ignore[arg-type]
         elif capped or any(resent):
             # paced by the capped or resending ranks wherever its ACT landed
-            out.links += [dataclasses.replace(link_of(view, i, d, False, None), paced=True) for d in view.peer_eps[i]]
+            out.links += [link_of(view, i, d, False, None, paced=True) for d in view.peer_eps[i]]
 
 
 def _beside(view: OpView, stragglers: Collection[int]) -> set[int]:

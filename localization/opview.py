@@ -84,6 +84,6 @@ def rate_bounds(r: OpMetrics) -> tuple[float, float]:
     return r.volume_bytes / (r.act_ns + e), r.volume_bytes / max(r.act_ns - e, e)
 
 
-def link_of(view: OpView, i: int, dst: str, slow: bool, f: Finding | None) -> LinkObs:
+def link_of(view: OpView, i: int, dst: str, slow: bool, f: Finding | None, paced: bool = False) -> LinkObs:
     lo, hi = rate_bounds(view.recs[i])
-    return LinkObs(view.endpoints[i], dst, slow, f, view.recs[i].end_ns, lo, hi, len(view.peer_eps[i]) > 1)
+    return LinkObs(view.endpoints[i], dst, slow, f, view.recs[i].end_ns, lo, hi, len(view.peer_eps[i]) > 1, paced)

@@ -17,8 +17,8 @@ retransmission timeout stretched another rank (lab, loss:1:2 in a fresh-clone CI
 ~240 ms TCP RTOs) or a tie at an epoch's quantisation costs the lossy rank a place or two,
 not the whole operator (counting only strict wins needed 10 of 12 at 4 ranks and held in
 7 operators of that job: no verdict). Ties take their mid-place, which only pulls totals
-toward the middle (conservative). The places say that a rank is slower, not by how much: ranks are not alike to the last percent (a longer cable, a busier
-host), and such a rank costs the job nothing worth draining a node for. So its ACT summed
+toward the middle (conservative). The places say that a rank is slower, not by how much:
+ranks are not alike to the last percent (a longer cable, a busier host), and such a rank costs the job nothing worth draining a node for. So its ACT summed
 over the window must also be half the per-operator ratio beyond the summed medians of the
 other ranks of the same operators (the same operators: step-to-step changes of pace
 cancel). The size is judged on the window, not per operator: one operator's ACT is off by

@@ -26,3 +26,10 @@ def test_every_copy_faulty_without_the_option():
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["faulty"] == 2 and out["incidents"] == []
+
+
+def test_a_faulty_count_out_of_range_is_refused_before_anything_runs():
+    for bad in ("0", "x", "-1"):
+        res = CliRunner().invoke(main, ["bench", "localize", "--faulty", bad, "--json"])
+        assert res.exit_code == 2, res.output
+        assert "--faulty" in res.output
