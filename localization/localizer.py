@@ -223,6 +223,17 @@ class Localizer:
 
         ev.late_stragglers.observe(comm, ordered, rises, finding, lambda f: late_explained(ev, p, comm, seq, f, ordered))
 
+    def _entries(self, comm: str, ordered: list[OpMetrics],
+                 lags: list[tuple[int, float]]) -> tuple[dict[int, float] | None, float]:
+        """Per record index, its rank's rise into the operator (:meth:`.LateBaselines.rises_of`),
+        and two sigmas of the job's healthy spread of rises for its shape (0 while unknown)."""
+        if not lags:
+            return None, 0.0
+        base = self.ev.late_base
+        th = base.threshold(base.shape(ordered[0]), ordered[0].epoch_ns)
+        noise = self.p.late_weak_sigmas * th / self.p.late_spread_k if th is not None else 0.0
+        return base.rises_of(comm, ordered, lags), noise
+
     def _rose(self, comm: str, ordered: list[OpMetrics], lags: list[tuple[int, float]]) -> set[int]:
         """Record indexes whose issue lag rose above their rank's baseline by
         ``late_weak_sigmas`` of the job's healthy spread for the operator's shape (the
@@ -283,6 +294,9 @@ class Localizer:
             ev.paced.add(lk)
         # the lateness veto reads the previous operators' ends: ask it before recording these
         cands = {f.rank: f for f in j.findings if f.kind == LATE}
+        if j.issue_lags:
+            ev.stragglers.rises(comm, tuple(r.rank for r in ordered),
+                                {ordered[i].rank: x for i, x in ev.late_base.rises_of(comm, ordered, j.issue_lags).items()})
         for i, lag, base in ev.late_base.judge(comm, ordered, j.issue_lags):
             r = ordered[i]
             cands.setdefault(r.rank, Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag, base,
@@ -317,7 +331,7 @@ class Localizer:
             # a capture that started late, was otherwise exempt for the rest of the job, and
             # a slow link at it never counted)
             ev.insufficient.discard(ordered[i].node)
-        judge_rails(ev, p, comm, ordered, view.endpoints, view.peer_eps)
+        judge_rails(ev, p, comm, ordered, view.endpoints, view.peer_eps, *self._entries(comm, ordered, j.issue_lags))
         touched = {node_of(e) for e in view.endpoints}
         return self.book.decide(ev, touched, self.job or "", self._final, self._hypotheses, missed)
 

@@ -37,11 +37,17 @@ class StopEvidence:
         """Nodes whose sends of a grouped operator (all-to-all) completed while another
         member's stalled: the operator is done for a rank only once every peer's bytes have
         arrived, so they wait in it, whatever their own record says."""
+        self.lone: dict[tuple[str, int], str] = {}
+        """(comm, seq) of grouped operators in which one member's record stalled while every
+        other member's completed -> that member's node."""
 
     def note_grouped(self, ordered: list[OpMetrics], stalled: set[str]) -> None:
         """A closed grouped operator's records and the nodes whose records in it stalled."""
         if stalled:
             self.awaiting.update(r.node for r in ordered if r.complete and r.node not in stalled)
+            if (len(stalled) == 1 and len(ordered) >= max(ordered[0].nranks, 3)
+                    and sum(1 for r in ordered if not r.complete) == 1):
+                self.lone[(ordered[0].comm_id, ordered[0].seq)] = next(iter(stalled))
 
     def note_issue(self, node: str, t_host_ns: int | None) -> None:
         if t_host_ns is not None and t_host_ns > self.last_issue.get(node, -(1 << 62)):

@@ -28,6 +28,17 @@ cleared the margin with an epoch either way in half its operators (lab, loss:1:2
 in one fresh run in three). Such a rank's records are slow in the operators it is the
 slowest of (ties included), while it stays that way; the link rules decide, as for any
 slow record, which end or path it is.
+
+An operator that another rank entered late says nothing of a rank's own pace: a ring's
+ranks upstream of a late one cannot hand it their chunks, and under flow control they send
+in stops and starts until it joins (sweep 257 #23: node-06's pipeline sends slowed by its
+NIC, its DP ring ranks 4-7 ms late into every operator of 0.8 ms, and node-04, two hops
+upstream of it, the slowest of that healthy ring at 9-12 epochs against 7-9, operator after
+operator). An operator counts for a rank only if no other rank entered it later than this
+rank did by more than this rank's ACT (had it been, the rank necessarily waited in the
+middle of its own transfer); entries are compared by their rises above the ranks' own
+baselines (:meth:`.late_baselines.LateBaselines.rises_of`), which no clock offset enters,
+and the test is run over the operators left (:meth:`Stragglers.rises`).
 """
 
 from __future__ import annotations
@@ -103,14 +114,21 @@ def symmetric(ordered: list[OpMetrics], peers: list[int], p: LocalizeParams) -> 
                     and (r.flows == 1 or n == 1) for r, n in zip(ordered, peers, strict=True)))
 
 
+def _waited(rank: int, act: float, rises: dict[int, float]) -> bool:
+    """Whether another rank entered the operator later than ``rank`` by more than its ACT."""
+    own = rises.get(rank)
+    return own is not None and any(x - own > act for k, x in rises.items() if k != rank)
+
+
 class Stragglers:
     """Per communicator, each rank's place in each of its last ``window_ops`` symmetric
-    operators, and the operators' ACTs for the size of its lead."""
+    operators, the operators' ACTs for the size of its lead, and the ranks' entry rises into
+    each (:meth:`rises`)."""
 
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self.ratio = 1.0 + (p.act_ratio - 1.0) / 2.0
-        self._last: dict[str, deque[tuple[tuple[int, ...], np.ndarray, np.ndarray]]] = {}
+        self._last: dict[str, deque[tuple[tuple[int, ...], np.ndarray, np.ndarray, dict[int, float]]]] = {}
 
     def observe(self, comm: str, ordered: list[OpMetrics], peers: list[int]) -> frozenset[int]:
         """Record one closed operator of ``comm`` (its records in rank order, and how many
@@ -121,15 +139,20 @@ class Stragglers:
         act = np.fromiter((r.act_ns for r in ordered), np.float64, len(ordered))
         ranks = tuple(r.rank for r in ordered)
         last = self._last.setdefault(comm, deque(maxlen=self.p.window_ops))
-        last.append((ranks, act, half_places(act)))
+        last.append((ranks, act, half_places(act), {}))
         if len(last) < last.maxlen:  # type: ignore[operator]
             return frozenset()
-        need = place_total(len(ordered), self.p.window_ops, self.p.straggler_alpha)
         epoch = float(ordered[0].epoch_ns)
         out = []
         for i in np.nonzero(act == act.max())[0]:
             rank = ranks[int(i)]
-            held = [(rs.index(rank), a, h) for rs, a, h in last if rank in rs]
+            held = []
+            for rs, a, h, up in last:
+                if rank in rs:
+                    j = rs.index(rank)
+                    if not _waited(rank, float(a[j]), up):
+                        held.append((j, a, h))
+            need = place_total(len(ordered), len(held), self.p.straggler_alpha)
             if sum(float(h[j]) for j, _, h in held) < need:
                 continue
             own = sum(float(a[j]) for j, a, _ in held)
@@ -137,3 +160,11 @@ class Stragglers:
             if own - epoch >= self.ratio * (others + epoch):
                 out.append(int(i))
         return frozenset(out)
+
+    def rises(self, comm: str, ranks: tuple[int, ...], rises: dict[int, float]) -> None:
+        """The ranks' entry rises (rank -> ns above its baseline, relative to the others) into
+        the operator of ``comm`` last observed, if it was one of this test's (``ranks``: its
+        records' ranks, to make sure)."""
+        last = self._last.get(comm)
+        if rises and last and last[-1][0] == ranks:
+            last[-1][3].update(rises)

@@ -303,7 +303,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     sets = {record_nodes(f) for f in hits} or {frozenset(k) for k in pairs}
     nodes = sorted(set().union(*sets))
-    grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes))
+    grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes, slow, clean, rates))
     if grp is None:
         return {}  # several smallest sets explain the slow links alike: naming one would be a guess
     if _paced_relay(grp, hits):
@@ -397,13 +397,23 @@ def record_nodes(f: Finding) -> frozenset[str]:
     return nodes
 
 
-def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str]) -> set[str]:
+def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str],
+               slow: dict[Link, list[Finding]] | None = None, clean: set[Link] | None = None,
+               rates: Rates | None = None) -> set[str]:
     """Nodes whose part in the slow links is seen healthy elsewhere: a node that only sends
     on them while sending cleanly to a node outside them (its NIC, uplink and host work), or
     only receives on them while receiving cleanly from one (its downlink works). Pipeline
     sends into two congested downlinks (battery switch-congestion: node-06 -> node-02,
     node-07 -> node-03) are covered by the receivers, the senders or one of each alike; the
-    senders' clean ring sends leave the receivers."""
+    senders' clean ring sends leave the receivers.
+
+    With the links and their rates (:func:`.capacity.shown_rates`), a clean link shows that
+    part healthy only if it moved more than the node's slow links of that direction got
+    (:func:`.capacity.capable`): a congested downlink still passes a small exchange at its
+    usual pace, and that exchange's operator is not slow when most of its ranks are behind
+    the same congestion (sweep 257 #8: incast into node-04 and node-05, their tree
+    all-reduce with node-03 clean at 10.9 GB/s while the pipeline sends into them got 12.5-14;
+    the receivers were exonerated and the two healthy senders named)."""
     out_of: dict[str, set[str]] = {}
     into: dict[str, set[str]] = {}
     for a, b in pairs:
@@ -414,12 +424,18 @@ def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], n
     for a, b in clean_pairs:
         clean_out.setdefault(a, []).append(b)
         clean_in.setdefault(b, []).append(a)
+    shown = slow is not None and clean is not None and rates is not None
     out = set()
     for x in nodes:
         sends, gets = x in out_of, x in into
         partners = out_of.get(x, set()) | into.get(x, set())
-        ok_out = any(b not in partners for b in clean_out.get(x, ()))
-        ok_in = any(a not in partners for a in clean_in.get(x, ()))
+        if shown:
+            assert slow is not None and clean is not None
+            ok_out = not sends or capable(slow, clean, rates, x, True, partners)
+            ok_in = not gets or capable(slow, clean, rates, x, False, partners)
+        else:
+            ok_out = any(b not in partners for b in clean_out.get(x, ()))
+            ok_in = any(a not in partners for a in clean_in.get(x, ()))
         if (sends or gets) and (not sends or ok_out) and (not gets or ok_in):
             out.add(x)
     return out

@@ -33,9 +33,13 @@ from ..robust import median
 
 
 def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetrics], endpoints: list[str],
-                peer_eps: list[tuple[str, ...]]) -> None:
+                peer_eps: list[tuple[str, ...]], rises: dict[int, float] | None = None,
+                noise: float = 0.0) -> None:
     """Compare each record of a closed operator with the same operator on its node's other
-    NICs; rail-late records join ``ev.rail.records``."""
+    NICs; rail-late records join ``ev.rail.records``. ``rises``: per record index, how much
+    later than usual its rank entered the operator relative to the others
+    (:meth:`.late_baselines.LateBaselines.rises_of`); ``noise``: how far a healthy rank's
+    rise strays (two sigmas of the job's healthy spread; 0 while unknown)."""
     rail = ev.rail
     members = rail.member_nodes(comm) | {r.node for r in ordered}
     first_late: dict[int, float] = {}
@@ -60,7 +64,7 @@ def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetr
             # operator ended (a lossy ring ends late at some ranks; their next starts late)
             could = max(median([st for _e, st in sib]), rail.prev_end(r) or 0)
             first_late[i] = r.start_ns - could
-    _judge_first_bytes(ev, p, comm, ordered, endpoints, peer_eps, first_late)
+    _judge_first_bytes(ev, p, comm, ordered, endpoints, peer_eps, first_late, rises or {}, noise)
     rail.trim()
 
 
@@ -71,7 +75,8 @@ from them): a rank with a working NIC moves a byte as soon as its kernel runs.""
 
 
 def _judge_first_bytes(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetrics],
-                       endpoints: list[str], peer_eps: list[tuple[str, ...]], first_late: dict[int, float]) -> None:
+                       endpoints: list[str], peer_eps: list[tuple[str, ...]], first_late: dict[int, float],
+                       rises: dict[int, float], noise: float) -> None:
     """A record's start is its first byte sent. A rank whose first byte came
     ``rail_late_ns`` after its siblings' on the node's other NICs (same node clock, no
     offset involved) could not send on that one NIC, while a GPU or host fault would delay
@@ -82,8 +87,20 @@ def _judge_first_bytes(ev: Evidence, p: LocalizeParams, comm: str, ordered: list
     record to tell its six nodes apart; 197 #12: node-04 down and its ring predecessor late
     with it; 223 #5: node-05 down in a 16-node tree, late with its children and the
     ancestors the two trees share). :func:`rail_hypotheses` drops the record if another
-    communicator's record kept the NIC busy meanwhile (the stream was busy, not the link)."""
+    communicator's record kept the NIC busy meanwhile (the stream was busy, not the link).
+
+    Nor when another rank entered the operator late by about as much as the silence
+    (``rises``, beyond their ``noise``, within it of the silence): a rank that waits for a
+    late one's data cannot send what it forwards, and how long it waits on each rail depends
+    on where the late rank sits in that rail's trees, which differ from rail to rail (sweep
+    269 #0: node-04 computing at 1/1.43 of its pace, 41-66 ms late into every operator;
+    node-00, its parent in one rail's tree, sent its first bytes on that rail 4.1 and 61.4
+    ms after its other rails' - node-04 then 60.9 ms late - and was named network-slow)."""
     late = {ordered[i].rank for i, v in first_late.items() if v >= p.rail_late_ns}
+    if late:
+        silent = min(v for i, v in first_late.items() if ordered[i].rank in late)
+        if any(x > noise and x + noise >= silent for k, x in rises.items() if ordered[k].rank not in late):
+            return
     if not late or len(first_late) - len(late) < 2:
         return  # the rail as a whole waited (its previous operator stalled): no one NIC
     known = {ordered[i].rank for i in first_late}

@@ -245,6 +245,19 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
         return {("network-stop", (node,)): make_hypothesis(
             p, "network-stop", "node", (node,), own,
             extra={"silent_since_issue": sorted({f"{f.comm_id}#{f.seq}" for f in own})[:8]})}
+    lone = {ev.stops.lone.get((f.comm_id, f.seq), "") for f in first}
+    if len(lone) == 1 and "" not in lone:
+        # Every first stall is an all-to-all in which that one member's record stalled while
+        # every other member's completed - their sends into it included: its own sends
+        # stopped with its peers' going on, and the victims' stalls came after (sweep 271
+        # #22: node-04's NIC dead mid all-to-all at 92 % sent, its 7 peers done; their next
+        # all-to-all stalled 3.5 ms later, absent node-04, and every node tied on those
+        # links: no verdict on a hung job).
+        node = lone.pop()
+        own = [f for f in first if f.node == node] or first
+        return {("network-stop", (node,)): make_hypothesis(
+            p, "network-stop", "node", (node,), own,
+            extra={"alone_stalled_in": sorted({f"{f.comm_id}#{f.seq}" for f in own})[:8]})}
     sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
     hits = Counter(n for s in sets for n in s)
     # ties between a sender and its receiver: the node that sent the least (its own

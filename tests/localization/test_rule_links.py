@@ -727,3 +727,22 @@ def test_an_all_to_alls_clean_share_of_a_link_does_not_hide_a_rings_slow_sends_o
         for k in range(5):
             feed(ev, LinkObs(a, b, False, None, i * MS + 100 * k + 2, shared=True))
     assert link_state(ev, p)[0] == {}
+
+
+def test_a_clean_link_exonerates_only_if_it_moved_more_than_the_slow_ones_got():
+    # sweep 257 #8: incast into b and d's downlinks; the pipeline sends a -> b and c -> d slow
+    # at up to 13-14 bytes/ns, the tree all-reduce e -> b, e -> d "clean" at 10.9 (its
+    # operator as slow at every rank behind the same congestion); a and c send cleanly to f
+    # at 19.4. The receivers are not exonerated by the clean trickle, the senders are.
+    slow = {(ep("a"), ep("b")): [], (ep("c"), ep("d")): []}
+    clean = {(ep("e"), ep("b")), (ep("e"), ep("d")), (ep("a"), ep("f")), (ep("c"), ep("f"))}
+    pairs = {("a", "b"), ("c", "d")}
+    clean_pairs = {("e", "b"), ("e", "d"), ("a", "f"), ("c", "f")}
+    nodes = ["a", "b", "c", "d"]
+    assert exonerated(pairs, clean_pairs, nodes) == {"a", "b", "c", "d"}  # without rates: any clean link
+    slow_hi = {(ep("a"), ep("b")): 13.4, (ep("c"), ep("d")): 14.0}
+    shown = {(ep("e"), ep("b")): 10.9, (ep("e"), ep("d")): 10.9, (ep("a"), ep("f")): 19.4, (ep("c"), ep("f")): 19.4}
+    assert exonerated(pairs, clean_pairs, nodes, slow, clean, (slow_hi, shown, shown)) == {"a", "c"}
+    # the receivers' clean links faster than the slow ones got: their downlinks work
+    faster = {**shown, (ep("e"), ep("b")): 19.0, (ep("e"), ep("d")): 19.0}
+    assert exonerated(pairs, clean_pairs, nodes, slow, clean, (slow_hi, faster, faster)) == {"a", "b", "c", "d"}

@@ -54,8 +54,9 @@ def _evidence(rings: list[list[int]] | None = None, trees: list[dict[int, int]] 
     return ev, p
 
 
-def _judge(ev, p, late: dict[int, int]) -> None:
-    """Every rank issues at ISSUE; its siblings send at once, its r0 record after ``late``."""
+def _judge(ev, p, late: dict[int, int], rises: dict[int, float] | None = None, noise: float = 0.0) -> None:
+    """Every rank issues at ISSUE; its siblings send at once, its r0 record after ``late``;
+    ``rises``/``noise``: how late each rank entered r0 (:func:`judge_rails`)."""
     recs = []
     for r in range(N):
         for k in (1, 2, 3):
@@ -65,7 +66,7 @@ def _judge(ev, p, late: dict[int, int]) -> None:
         recs.append(synth.record("r0", 7, r, r, kind="AllReduce", nranks=N, start=ISSUE + lag,
                                  end=ISSUE + 2 * MS + max(late.values()), t_host=ISSUE, nic="mlx5_0"))
     judge_rails(ev, p, "r0", recs, [ep(synth.node(r)) for r in range(N)],
-                [(ep(synth.node((r + 1) % N)),) for r in range(N)])
+                [(ep(synth.node((r + 1) % N)),) for r in range(N)], rises, noise)
 
 
 def _silent(ev) -> list[tuple[str, frozenset[str]]]:
@@ -150,3 +151,16 @@ def test_a_rank_whose_previous_operator_ended_late_starts_from_that_end():
                                      end=ISSUE + 20 * MS, t_host=ISSUE - 5 * MS, nic="mlx5_0"))
     _judge(ev, p, {3: 20 * MS})
     assert _silent(ev) == []
+
+
+def test_a_silence_another_rank_entered_as_late_is_its_wait_not_a_down_nic():
+    # sweep 269 #0: node-04 computing slowly enters every operator ~61 ms late; the rank
+    # waiting for its data on one rail's tree sends its first byte there 61.4 ms late
+    ev, p = _evidence(rings=[list(range(N)), list(reversed(range(N)))])
+    _judge(ev, p, {3: 20 * MS}, rises={0: -0.5 * MS, 1: 0.3 * MS, 2: 19.5 * MS, 3: 0.0}, noise=1.0 * MS)
+    assert _silent(ev) == []
+    # a late entry well short of the silence, or one within the job's noise, explains nothing
+    for rises in ({2: 10 * MS, 3: 0.0}, {2: 0.8 * MS, 3: 0.0}):
+        ev, p = _evidence(rings=[list(range(N)), list(reversed(range(N)))])
+        _judge(ev, p, {3: 20 * MS}, rises=rises, noise=1.0 * MS)
+        assert _silent(ev) == [(synth.node(3), frozenset({synth.node(3)}))]

@@ -417,3 +417,29 @@ def test_a_ring_that_piled_nothing_up_names_no_one():
         ev, p = evidence()
         ev.stops.stalls += _ring_stalls(sent)
         assert stop_hypotheses(ev, p) == {}
+
+
+def test_the_one_member_stalled_in_an_all_to_all_its_peers_completed_is_the_stop():
+    # sweep 271 #22: A's NIC died with 92 % of its all-to-all sent, every peer's record of it
+    # complete; its peers then stalled 3.5 ms later in the next all-to-all A never started,
+    # each on a link to every other member: the node count ties
+    def grouped(node: str, complete: bool, seq: int = 184):
+        r = synth.record("ep", seq, int(node[-2:]), int(node[-2:]), kind="GroupP2P", nranks=4, start=0, end=MS,
+                         t_host=0, nic="mlx5_0")
+        return r if complete else dataclasses.replace(r, complete=False)
+    ev, p = evidence()
+    ev.stops.stalls.append(finding(STALL, A, comm="ep", seq=184, value=0.92, metric="sent_fraction",
+                                   start=9 * MS, end=10 * MS, to=(ep(B), ep(C), ep(D))))
+    assert stop_hypotheses(ev, p) == {}  # most of its bytes sent, and nothing else stalled
+    # the next stage's pipeline sends stalled later at zero, their receivers stuck (victims)
+    ev.stops.stalls.append(stall(E, B, end=500 * MS))
+    assert stop_hypotheses(ev, p) == {}  # A's links name all four alike
+    ev.stops.note_grouped([grouped(A, False), grouped(B, True), grouped(C, True), grouped(D, True)], {A})
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (A,))]
+    # two members stalled in it: nothing singles one out this way
+    ev, p = evidence()
+    ev.stops.stalls += [finding(STALL, x, comm="ep", seq=184, value=0.9, metric="sent_fraction",
+                                start=9 * MS, end=10 * MS, to=(ep(B), ep(C), ep(D))) for x in (A, B)]
+    ev.stops.stalls.append(stall(E, B, end=500 * MS))
+    ev.stops.note_grouped([grouped(A, False), grouped(B, False), grouped(C, True), grouped(D, True)], {A, B})
+    assert stop_hypotheses(ev, p) == {}

@@ -152,3 +152,27 @@ def test_the_ranks_downstream_of_a_straggler_as_busy_as_it_are_not_blamed():
     vs = run(tweak, n=12, rails=1, ops=60)
     assert culprits(vs) == {("network-slow", "node", ("node-02",))}
     assert len(anomalies(vs)) >= 3  # repeated while it persists
+
+
+def test_operators_another_rank_entered_late_do_not_count_for_a_rank():
+    # sweep 257 #23: a ring rank two hops upstream of one that enters every operator 4-7 ms
+    # late waits in the middle of its own sends and is the slowest of the healthy ring,
+    # operator after operator; with the late entries told, its window is empty
+    def window(rises: dict[int, float] | None) -> frozenset[int]:
+        st_ = Stragglers(LocalizeParams())
+        out = frozenset()
+        for k in range(12):
+            act = [8.0, 8.0, 8.0, 8.0, 10.0, 7.0, 7.0]
+            recs = [synth.record("dp0", k, r, r, kind="AllReduce", nranks=7, start=0, end=6_000_000, t_host=0,
+                                 nic="eth0", act=int(a * 96_000)) for r, a in enumerate(act)]
+            out = st_.observe("dp0", recs, [1] * 7)
+            if rises is not None:
+                st_.rises("dp0", tuple(range(7)), rises)
+        return out
+
+    assert window(None) == frozenset({4})
+    assert window({0: 100_000.0, 4: -300_000.0, 6: 5_000_000.0}) == frozenset()
+    # a late rank by less than the candidate's own ACT does not excuse it
+    assert window({4: 0.0, 6: 500_000.0}) == frozenset({4})
+    # nor does the candidate's own lateness
+    assert window({4: 5_000_000.0, 6: 0.0}) == frozenset({4})
