@@ -294,9 +294,10 @@ class Localizer:
             ev.paced.add(lk)
         # the lateness veto reads the previous operators' ends: ask it before recording these
         cands = {f.rank: f for f in j.findings if f.kind == LATE}
-        if j.issue_lags:
-            ev.stragglers.rises(comm, tuple(r.rank for r in ordered),
-                                {ordered[i].rank: x for i, x in ev.late_base.rises_of(comm, ordered, j.issue_lags).items()})
+        rises, noise = self._entries(comm, ordered, j.issue_lags)
+        if rises:
+            ev.stragglers.rises(comm, tuple(r.rank for r in ordered), {ordered[i].rank: x for i, x in rises.items()},
+                                noise)
         for i, lag, base in ev.late_base.judge(comm, ordered, j.issue_lags):
             r = ordered[i]
             cands.setdefault(r.rank, Finding(LATE, comm, seq, r.rank, r.node, view.endpoints[i], lag, base,
@@ -331,7 +332,7 @@ class Localizer:
             # a capture that started late, was otherwise exempt for the rest of the job, and
             # a slow link at it never counted)
             ev.insufficient.discard(ordered[i].node)
-        judge_rails(ev, p, comm, ordered, view.endpoints, view.peer_eps, *self._entries(comm, ordered, j.issue_lags))
+        judge_rails(ev, p, comm, ordered, view.endpoints, view.peer_eps, rises, noise)
         touched = {node_of(e) for e in view.endpoints}
         return self.book.decide(ev, touched, self.job or "", self._final, self._hypotheses, missed)
 

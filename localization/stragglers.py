@@ -36,9 +36,13 @@ NIC, its DP ring ranks 4-7 ms late into every operator of 0.8 ms, and node-04, t
 upstream of it, the slowest of that healthy ring at 9-12 epochs against 7-9, operator after
 operator). An operator counts for a rank only if no other rank entered it later than this
 rank did by more than this rank's ACT (had it been, the rank necessarily waited in the
-middle of its own transfer); entries are compared by their rises above the ranks' own
-baselines (:meth:`.late_baselines.LateBaselines.rises_of`), which no clock offset enters,
-and the test is run over the operators left (:meth:`Stragglers.rises`).
+middle of its own transfer) and than two sigmas of the job's healthy spread of entries (a
+job whose ranks' entries jitter by more than an operator lasts - the lab's 7 processes on
+two cores, +-20 ms against 15 ms of ACT - would otherwise have most operators of its
+lossy rank's window left out: two 0.7 %-loss runs missed). Entries are compared by their
+rises above the ranks' own baselines (:meth:`.late_baselines.LateBaselines.rises_of`),
+which no clock offset enters, and the test is run over the operators left
+(:meth:`Stragglers.rises`).
 """
 
 from __future__ import annotations
@@ -114,10 +118,11 @@ def symmetric(ordered: list[OpMetrics], peers: list[int], p: LocalizeParams) -> 
                     and (r.flows == 1 or n == 1) for r, n in zip(ordered, peers, strict=True)))
 
 
-def _waited(rank: int, act: float, rises: dict[int, float]) -> bool:
-    """Whether another rank entered the operator later than ``rank`` by more than its ACT."""
+def _waited(rank: int, act: float, rises: dict[int, float], noise: float) -> bool:
+    """Whether another rank entered the operator later than ``rank`` by more than its ACT
+    and than the job's ``noise``."""
     own = rises.get(rank)
-    return own is not None and any(x - own > act for k, x in rises.items() if k != rank)
+    return own is not None and any(x - own > max(act, noise) for k, x in rises.items() if k != rank)
 
 
 class Stragglers:
@@ -128,7 +133,7 @@ class Stragglers:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self.ratio = 1.0 + (p.act_ratio - 1.0) / 2.0
-        self._last: dict[str, deque[tuple[tuple[int, ...], np.ndarray, np.ndarray, dict[int, float]]]] = {}
+        self._last: dict[str, deque[tuple[tuple[int, ...], np.ndarray, np.ndarray, dict[int, float], list[float]]]] = {}
 
     def observe(self, comm: str, ordered: list[OpMetrics], peers: list[int]) -> frozenset[int]:
         """Record one closed operator of ``comm`` (its records in rank order, and how many
@@ -139,7 +144,7 @@ class Stragglers:
         act = np.fromiter((r.act_ns for r in ordered), np.float64, len(ordered))
         ranks = tuple(r.rank for r in ordered)
         last = self._last.setdefault(comm, deque(maxlen=self.p.window_ops))
-        last.append((ranks, act, half_places(act), {}))
+        last.append((ranks, act, half_places(act), {}, [0.0]))
         if len(last) < last.maxlen:  # type: ignore[operator]
             return frozenset()
         epoch = float(ordered[0].epoch_ns)
@@ -147,10 +152,10 @@ class Stragglers:
         for i in np.nonzero(act == act.max())[0]:
             rank = ranks[int(i)]
             held = []
-            for rs, a, h, up in last:
+            for rs, a, h, up, noise in last:
                 if rank in rs:
                     j = rs.index(rank)
-                    if not _waited(rank, float(a[j]), up):
+                    if not _waited(rank, float(a[j]), up, noise[0]):
                         held.append((j, a, h))
             need = place_total(len(ordered), len(held), self.p.straggler_alpha)
             if sum(float(h[j]) for j, _, h in held) < need:
@@ -161,10 +166,11 @@ class Stragglers:
                 out.append(int(i))
         return frozenset(out)
 
-    def rises(self, comm: str, ranks: tuple[int, ...], rises: dict[int, float]) -> None:
+    def rises(self, comm: str, ranks: tuple[int, ...], rises: dict[int, float], noise: float = 0.0) -> None:
         """The ranks' entry rises (rank -> ns above its baseline, relative to the others) into
         the operator of ``comm`` last observed, if it was one of this test's (``ranks``: its
-        records' ranks, to make sure)."""
+        records' ranks, to make sure), and how far a healthy rank's rise strays (``noise``)."""
         last = self._last.get(comm)
         if rises and last and last[-1][0] == ranks:
             last[-1][3].update(rises)
+            last[-1][4][0] = noise
