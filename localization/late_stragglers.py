@@ -225,23 +225,19 @@ class LateStragglers:
         """The step's latest arrival by its own doing, whatever its lateness cost (-1: none clear)."""
         return _top(b, b.anyway)
 
-    def _needed(self, comm: str, steps: int, clear: int) -> int | None:
-        """Steps one rank must be the latest in, of the ``clear`` ones (a latest arrival
-        told) among the window's ``steps`` (None: too few steps or ranks yet, or no count
-        is enough). A step with no clear latest arrival is no trial: with ranks alike each
-        is the latest of a clear step 1/n of the time whatever makes a step unclear, so the
-        count is the binomial tail's over the clear steps alone (lab, ``cpu:2:0.18`` on 4
-        ranks, the job's steps x2.96: the starved rank the latest of 7 of the 8 steps, the
-        eighth with no rise above the floor, and a count over all 8 asked 8)."""
+    def _needed(self, comm: str, wins: int) -> int | None:
+        """Steps of the window one rank must be the latest in (None: too few steps or ranks
+        yet, or no count is enough)."""
         n = self._nranks.get(comm, 0)
-        if steps < self.p.late_straggler_steps or n < 2 or clear < 1:
+        window = self.p.late_straggler_steps
+        if wins < window or n < 2:
             return None
-        k = consistent_count(n, clear, self.p.straggler_alpha)
-        return k if k <= clear else None
+        k = consistent_count(n, window, self.p.straggler_alpha)
+        return k if k <= window else None
 
     def _judge_latest(self, comm: str, wins: list[int]) -> None:
         self.latest.pop(comm, None)
-        k = self._needed(comm, len(wins), sum(1 for w in wins if w >= 0))
+        k = self._needed(comm, len(wins))
         if k is None:
             return
         for rank in set(wins) - {-1}:
@@ -250,7 +246,7 @@ class LateStragglers:
 
     def _judge(self, comm: str, wins: list[tuple[int, Finding | None]]) -> None:
         self.consistent.pop(comm, None)
-        k = self._needed(comm, len(wins), sum(1 for w, _ in wins if w >= 0))
+        k = self._needed(comm, len(wins))
         if k is None:
             return
         for node in self._nodes.get(comm, ()):
