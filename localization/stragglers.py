@@ -125,6 +125,18 @@ def _waited(rank: int, act: float, rises: dict[int, float], noise: float) -> boo
     return own is not None and any(x - own > max(act, noise) for k, x in rises.items() if k != rank)
 
 
+class _Op:
+    """One symmetric operator of a window: its ranks, ACTs and half places; the ranks' entry
+    rises into it and the job's noise on them, told once it is judged (:meth:`Stragglers.rises`)."""
+
+    __slots__ = ("act", "noise", "places", "ranks", "rises")
+
+    def __init__(self, ranks: tuple[int, ...], act: np.ndarray) -> None:
+        self.ranks, self.act, self.places = ranks, act, half_places(act)
+        self.rises: dict[int, float] = {}
+        self.noise = 0.0
+
+
 class Stragglers:
     """Per communicator, each rank's place in each of its last ``window_ops`` symmetric
     operators, the operators' ACTs for the size of its lead, and the ranks' entry rises into
@@ -133,7 +145,7 @@ class Stragglers:
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
         self.ratio = 1.0 + (p.act_ratio - 1.0) / 2.0
-        self._last: dict[str, deque[tuple[tuple[int, ...], np.ndarray, np.ndarray, dict[int, float], list[float]]]] = {}
+        self._last: dict[str, deque[_Op]] = {}
 
     def observe(self, comm: str, ordered: list[OpMetrics], peers: list[int]) -> frozenset[int]:
         """Record one closed operator of ``comm`` (its records in rank order, and how many
@@ -144,7 +156,7 @@ class Stragglers:
         act = np.fromiter((r.act_ns for r in ordered), np.float64, len(ordered))
         ranks = tuple(r.rank for r in ordered)
         last = self._last.setdefault(comm, deque(maxlen=self.p.window_ops))
-        last.append((ranks, act, half_places(act), {}, [0.0]))
+        last.append(_Op(ranks, act))
         if len(last) < last.maxlen:  # type: ignore[operator]
             return frozenset()
         epoch = float(ordered[0].epoch_ns)
@@ -152,11 +164,11 @@ class Stragglers:
         for i in np.nonzero(act == act.max())[0]:
             rank = ranks[int(i)]
             held = []
-            for rs, a, h, up, noise in last:
-                if rank in rs:
-                    j = rs.index(rank)
-                    if not _waited(rank, float(a[j]), up, noise[0]):
-                        held.append((j, a, h))
+            for op in last:
+                if rank in op.ranks:
+                    j = op.ranks.index(rank)
+                    if not _waited(rank, float(op.act[j]), op.rises, op.noise):
+                        held.append((j, op.act, op.places))
             need = place_total(len(ordered), len(held), self.p.straggler_alpha)
             if sum(float(h[j]) for j, _, h in held) < need:
                 continue
@@ -171,6 +183,6 @@ class Stragglers:
         the operator of ``comm`` last observed, if it was one of this test's (``ranks``: its
         records' ranks, to make sure), and how far a healthy rank's rise strays (``noise``)."""
         last = self._last.get(comm)
-        if rises and last and last[-1][0] == ranks:
-            last[-1][3].update(rises)
-            last[-1][4][0] = noise
+        if rises and last and last[-1].ranks == ranks:
+            last[-1].rises.update(rises)
+            last[-1].noise = noise
