@@ -17,7 +17,7 @@ Physical facts relied on:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from ..params import LocalizeParams
 from ..robust import median
 from .capacity import Rates, beaten_on_every_nic, capable, held_to_one_rate, nic_cleared, one_way_path
 from .host import host_hypothesis, host_shaped
+from .records import paced_by_one, record_nodes, record_suspects
+
+__all__ = ["link_state", "network_hypotheses", "record_suspects", "shown_rates", "slow_link_hypotheses"]
 
 
 def link_state(ev: Evidence, p: LocalizeParams) -> tuple[dict[Link, list[Finding]], set[Link]]:
@@ -104,17 +107,21 @@ def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]
     if not slow:
         return {}
     paced = ev.paced.clean_rates(since, np.arange(len(ev.paced.keys), dtype=np.int64))
-    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows), paced)
+    return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows), paced,
+                                members=ev.rail.member_nodes)
 
 
 def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams,
                          rates: Rates | None = None,
-                         paced: tuple[dict[Link, float], dict[Link, float]] | None = None) -> dict[Key, Hypothesis]:
+                         paced: tuple[dict[Link, float], dict[Link, float]] | None = None, *,
+                         members: Callable[[str], frozenset[str]] | None = None) -> dict[Key, Hypothesis]:
     """The culprit of the slow links, given the link state (slow links with their findings,
     clean links, and optionally what they show of the NICs' rates: :func:`shown_rates`).
     ``paced``: the rates links carried in records within the bound of slow operators since
     the slowness began (:attr:`.Evidence.paced`; as :meth:`.LinkWindows.clean_rates`), read
-    only where a NIC's capacity the other way is asked (:func:`.capacity.one_way_path`)."""
+    only where a NIC's capacity the other way is asked (:func:`.capacity.one_way_path`).
+    ``members``: a communicator's nodes, to set aside the links a collective's pace
+    explains when no node is on every slow link (:func:`.records.paced_by_one`)."""
     if not slow:
         return {}
     pairs = node_pairs(slow)
@@ -124,6 +131,10 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
     # both persistently slow first, and node-11 was on every slow link)
     inward = {node_of(k[0]) for k, fs in slow.items() if all(f.metric == PEER_RATE_IN for f in fs)}
     covers = [x for x in nodes_in if all(x in pair for pair in pairs) and x not in inward]
+    if not covers and members is not None:
+        kept = paced_by_one(slow, members)
+        if kept is not None:
+            return slow_link_hypotheses(kept, clean, p, rates, paced)
     hits = [f for fs in slow.values() for f in fs]
     clean_pairs = node_pairs(clean)
     one_way_memo: list[bool] = []
@@ -374,27 +385,6 @@ def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: R
             and 2 * sum(f.consistent for f in hits) > len(hits)
             and beaten_on_every_nic(slow, clean, rates, covers, sends=True)
             and beaten_on_every_nic(slow, clean, rates, covers, sends=False))
-
-
-def record_suspects(hits: list[Finding]) -> set[str]:
-    """Nodes present in every slow record's {its node} + {the nodes it sends to}."""
-    return set(frozenset.intersection(*map(record_nodes, hits))) if hits else set()
-
-
-_RECORD_NODES: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
-
-
-def record_nodes(f: Finding) -> frozenset[str]:
-    """{f.node} + the nodes of f.peer_eps (memoised: asked of every slow finding of the
-    window at each evaluation); the receiver alone for a link into a receiver starved
-    inward (:data:`.finding.PEER_RATE_IN`: every sender into it was slow alike)."""
-    key = (f.node if f.metric != PEER_RATE_IN else "", f.peer_eps)
-    nodes = _RECORD_NODES.get(key)
-    if nodes is None:
-        nodes = frozenset(({f.node} if key[0] else set()) | {node_of(e) for e in f.peer_eps})
-        if len(_RECORD_NODES) < 1 << 18:
-            _RECORD_NODES[key] = nodes
-    return nodes
 
 
 def exonerated(pairs: set[tuple[str, str]], clean_pairs: set[tuple[str, str]], nodes: list[str],

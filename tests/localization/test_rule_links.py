@@ -3,6 +3,7 @@ and the culprit of a given link state."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from pulse.localization.finding import ACT
@@ -746,3 +747,30 @@ def test_a_clean_link_exonerates_only_if_it_moved_more_than_the_slow_ones_got():
     # the receivers' clean links faster than the slow ones got: their downlinks work
     faster = {**shown, (ep("e"), ep("b")): 19.0, (ep("e"), ep("d")): 19.0}
     assert exonerated(pairs, clean_pairs, nodes, slow, clean, (slow_hi, faster, faster)) == {"a", "b", "c", "d"}
+
+
+def test_a_ring_paced_by_its_link_into_a_starved_receiver_widens_no_group():
+    # sweep 281 #7: incast into x's downlinks; every all-to-all link into x starved (each
+    # sender's link into x slow, the rest of its links not), then x's data-parallel ring,
+    # paced by its link into x, slow by ACT on x -> y and on y -> z. No node is on every
+    # slow link, and x was named a path with y, then with z. A ring rank's ACT stretches
+    # with a slow link anywhere in its ring: the links of x's ring say that it waited.
+    from pulse.localization.finding import PEER_RATE_IN
+
+    def starved(src: str, k: int) -> list:
+        return [finding(ACT, src, comm="a2a", seq=i, endpoint=ep(src, k), value=3.9, ref=5.9, metric=PEER_RATE_IN,
+                        start=i * MS, end=i * MS + MS // 2, to=(ep("x", k),)) for i in range(6)]
+
+    slow = {(ep(s, k), ep("x", k)): starved(s, k) for s in ("y", "z", "w") for k in range(2)}
+    ring = {(ep("x"), ep("y")): slow_link(ep("x"), ep("y"), 6, comm="ring"),
+            (ep("y"), ep("z")): slow_link(ep("y"), ep("z"), 6, comm="ring")}
+    slow.update(ring)
+    clean = {(ep(a, k), ep(b, k)) for a in ("y", "z", "w") for b in ("y", "z", "w") if a != b for k in range(2)}
+    members = {"ring": frozenset("xyzw"), "a2a": frozenset("xyzw")}.__getitem__
+    assert list(slow_link_hypotheses(slow, clean, P, members=members)) == [("network-slow", ("x",))]
+    # a ring that x is not in waited for something else: its slow link stays evidence
+    assert ("network-slow", ("x",)) not in slow_link_hypotheses(
+        slow, clean, P, members={"ring": frozenset("yzw"), "a2a": frozenset("xyzw")}.__getitem__)
+    # and links slow by rate, not timing, are never set aside
+    rated = {**slow, (ep("y"), ep("z")): [dataclasses.replace(f, metric="peer_rate") for f in ring[(ep("y"), ep("z"))]]}
+    assert ("network-slow", ("x",)) not in slow_link_hypotheses(rated, clean, P, members=members)
