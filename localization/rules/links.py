@@ -28,7 +28,7 @@ from ..params import LocalizeParams
 from ..robust import median
 from .capacity import Rates, beaten_on_every_nic, capable, held_to_one_rate, nic_cleared, one_way_path
 from .host import host_hypothesis, host_shaped
-from .records import paced_by_one, record_nodes, record_suspects
+from .records import bursting_relays, paced_by_one, record_nodes, record_suspects
 
 __all__ = ["link_state", "network_hypotheses", "record_suspects", "shown_rates", "slow_link_hypotheses"]
 
@@ -310,6 +310,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
             # peer sets share is a coincidence of the tree's shape (sweep 79 #7: a NIC at
             # 44 % on node-00, the relays of node-02 and node-06 slow, node-04 - a peer of
             # both - named). Nothing of x's own says it: wait.
+            return {}
+        if bursting_relays([f for f in hits if f.node == x], p.rate_ratio):
             return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
     sets = {record_nodes(f) for f in hits} or {frozenset(k) for k in pairs}

@@ -8,10 +8,12 @@ ACT stretches with a slow link anywhere in the collective, not only at its own e
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from ..evidence import Link, node_of
 from ..finding import PEER_RATE_IN, Finding
+from ..robust import median
 
 
 def record_suspects(hits: list[Finding]) -> set[str]:
@@ -55,3 +57,21 @@ def paced_by_one(slow: dict[Link, list[Finding]],
     kept = {k: fs for k, fs in slow.items()
             if x in (node_of(k[0]), node_of(k[1])) or not all(f.timing_only() and x in members(f.comm_id) for f in fs)}
     return kept if len(kept) < len(slow) else None
+
+
+def bursting_relays(own: list[Finding], ratio: float) -> bool:
+    """Whether a node's own slow records are all tree relays slow by timing alone whose
+    NIC moved in bursts, not held to a rate: their busiest epoch, median over those whose
+    figure is known (most of them), beyond ``1 / ratio`` of what one rate held throughout
+    shows (:attr:`.finding.Finding.burst`; the margin the ceilings take, a capped NIC's
+    rate varying a few percent from epoch to epoch). A NIC capped at a rate keeps its
+    relays' epochs flat; a relay fed at the pace of a cap elsewhere forwards each chunk
+    at line rate as it comes. Sweep 283 #16 (a NIC at 30 % on node-01, a 7-node tree):
+    every relay of the rail went slow, node-05's relay - to node-01 among three others -
+    and node-06's first; node-05 was the one node in every slow record, its own among
+    them, and was named. Its relays' busiest epochs were 1.25-1.55 of the flat bound
+    (node-06's 1.7-2.4), node-01's own 0.97-1.24."""
+    if not own or not all(f.timing_only() and len(f.peer_eps) > 1 and f.flows > 1 for f in own):
+        return False
+    known = [f.burst for f in own if not math.isnan(f.burst)]
+    return 2 * len(known) > len(own) and median(known) > 1.0 / ratio

@@ -774,3 +774,24 @@ def test_a_ring_paced_by_its_link_into_a_starved_receiver_widens_no_group():
     # and links slow by rate, not timing, are never set aside
     rated = {**slow, (ep("y"), ep("z")): [dataclasses.replace(f, metric="peer_rate") for f in ring[(ep("y"), ep("z"))]]}
     assert ("network-slow", ("x",)) not in slow_link_hypotheses(rated, clean, P, members=members)
+
+
+def test_a_node_whose_own_relays_moved_in_bursts_is_not_the_cap_of_a_tree():
+    # sweep 283 #16: a NIC at 30 % on c of a 7-node tree; every relay of the rail went slow
+    # by ACT, x's relay (to c among others) and w's first, and x was the one node in every
+    # slow record, its own among them: named. A capped NIC holds its relays' epochs flat;
+    # x's busiest epochs were 1.25-1.55 of the flat bound - it forwarded at the pace of
+    # its input, in bursts.
+    def relay(src: str, to: tuple[str, ...], burst: float) -> dict:
+        peers = tuple(ep(d) for d in to)
+        fs = [dataclasses.replace(f, peer_eps=peers, flows=len(peers), burst=burst)
+              for f in slow_link(ep(src), peers[0], 6, comm="t")]
+        return {(ep(src), d): fs for d in peers}
+
+    def slow(x_burst: float) -> dict:
+        return {**relay("c", ("b", "x"), 1.1), **relay("x", ("a", "c", "d", "w"), x_burst),
+                **relay("w", ("a", "e", "x"), 2.0)}
+
+    assert slow_link_hypotheses(slow(1.4), set(), P) == {}
+    assert list(slow_link_hypotheses(slow(1.05), set(), P)) == [("network-slow", ("x",))]
+    assert list(slow_link_hypotheses(slow(float("nan")), set(), P)) == [("network-slow", ("x",))]  # unknown: as before
