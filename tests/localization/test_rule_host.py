@@ -115,3 +115,19 @@ def test_a_sender_whose_other_sends_beat_the_slow_links_is_no_starved_host():
     # a's other sends no faster than the slow links: its host may pace them all, b is not named
     slower = {**sends, (ep("a", 0), ep("c", 0)): 9.0}
     assert ("network-slow", ("b",)) not in slow_link_hypotheses(slow, clean, P, (slow_hi, slower, into))
+
+
+def test_a_reverse_link_clears_a_one_way_path_only_by_the_rate_it_carried():
+    # sweep 283 #11: a path at 24 % between a and b; the ring's only link between them,
+    # a -> b, slow on 4 NICs; b's all-to-all sends into a clean, at a rate shared among
+    # its receivers (-1: unknown); b seen receiving cleanly from d. Named host-contention.
+    slow = {(ep("a", k), ep("b", k)): slow_link(ep("a", k), ep("b", k), 6) for k in range(4)}
+    back = {(ep("b", k), ep("a", k)) for k in range(4)}
+    clean = back | {(ep("d", k), ep("b", k)) for k in range(4)}
+    into_b = {(ep("d", k), ep("b", k)): 20.0 for k in range(4)}
+    slow_hi = dict.fromkeys(slow, 5.0)
+    assert host_hypothesis(slow, clean, P, (slow_hi, {}, {**into_b, **dict.fromkeys(back, -1.0)})) == {}
+    # b's sends into a on their own, faster than a's slow sends got: no path fits, a's host does
+    got = host_hypothesis(slow, clean, P, (slow_hi, {}, {**into_b, **dict.fromkeys(back, 20.0)}))
+    assert list(got) == [("host-contention", ("a",))]
+    assert list(host_hypothesis(slow, clean, P)) == [("host-contention", ("a",))]  # rates unknown: as before
