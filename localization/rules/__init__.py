@@ -17,7 +17,7 @@ peers wait for the blamed node, so they arrive late too).
 from __future__ import annotations
 
 from ..decisions import Hypothesis, Key
-from ..evidence import Evidence
+from ..evidence import Evidence, node_of
 from ..params import LocalizeParams
 from .late import late_hypotheses
 from .links import network_hypotheses
@@ -32,7 +32,7 @@ def hypotheses(ev: Evidence, p: LocalizeParams, open_nodes: set[str],
     """Every rule family's hypotheses, given the nodes of the incidents already open and the
     NICs their network faults are on."""
     hyps = stop_hypotheses(ev, p)
-    net = network_hypotheses(ev, p)
+    net = network_hypotheses(ev, p, frozenset(node_of(e) for e in open_nics))
     hyps.update(net)
     explained = {n for _k, nodes in net for n in nodes} | {n for _k, nodes in hyps for n in nodes}
     if not hyps:

@@ -102,26 +102,29 @@ def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]]
     return slow_hi, clean_lo, clean_in
 
 
-def network_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
+def network_hypotheses(ev: Evidence, p: LocalizeParams, named: frozenset[str] = frozenset()) -> dict[Key, Hypothesis]:
+    """The slow links' culprit; ``named``: the nodes of the network incidents already open."""
     slow, clean, since, rows = _link_state(ev, p)
     if not slow:
         return {}
     paced = ev.paced.clean_rates(since, np.arange(len(ev.paced.keys), dtype=np.int64))
     return slow_link_hypotheses(slow, clean, p, shown_rates(ev, p, slow, clean, since=since, rows=rows), paced,
-                                members=ev.rail.member_nodes)
+                                members=ev.rail.member_nodes, named=named)
 
 
 def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: LocalizeParams,
                          rates: Rates | None = None,
                          paced: tuple[dict[Link, float], dict[Link, float]] | None = None, *,
-                         members: Callable[[str], frozenset[str]] | None = None) -> dict[Key, Hypothesis]:
+                         members: Callable[[str], frozenset[str]] | None = None,
+                         named: frozenset[str] = frozenset()) -> dict[Key, Hypothesis]:
     """The culprit of the slow links, given the link state (slow links with their findings,
     clean links, and optionally what they show of the NICs' rates: :func:`shown_rates`).
     ``paced``: the rates links carried in records within the bound of slow operators since
     the slowness began (:attr:`.Evidence.paced`; as :meth:`.LinkWindows.clean_rates`), read
     only where a NIC's capacity the other way is asked (:func:`.capacity.one_way_path`).
     ``members``: a communicator's nodes, to set aside the links a collective's pace
-    explains when no node is on every slow link (:func:`.records.paced_by_one`)."""
+    explains when no node is on every slow link (:func:`.records.paced_by_one`), given the
+    nodes already ``named`` in open network incidents."""
     if not slow:
         return {}
     pairs = node_pairs(slow)
@@ -132,7 +135,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
     inward = {node_of(k[0]) for k, fs in slow.items() if all(f.metric == PEER_RATE_IN for f in fs)}
     covers = [x for x in nodes_in if all(x in pair for pair in pairs) and x not in inward]
     if not covers and members is not None:
-        kept = paced_by_one(slow, members)
+        kept = paced_by_one(slow, members, named)
         if kept is not None:
             return slow_link_hypotheses(kept, clean, p, rates, paced)
     hits = [f for fs in slow.values() for f in fs]

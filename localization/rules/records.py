@@ -37,20 +37,27 @@ def record_nodes(f: Finding) -> frozenset[str]:
     return nodes
 
 
-def paced_by_one(slow: dict[Link, list[Finding]],
-                 members: Callable[[str], frozenset[str]]) -> dict[Link, list[Finding]] | None:
+def paced_by_one(slow: dict[Link, list[Finding]], members: Callable[[str], frozenset[str]],
+                 named: frozenset[str] = frozenset()) -> dict[Link, list[Finding]] | None:
     """The slow links without those a collective's pace explains, when one node explains
     every slow record that is not slow by timing alone (bytes resent, a rate below the
-    operator's, a receiver starved inward): a slow link between two other nodes that is
-    slow only by the ACT of records of collectives that node is a member of says that its
-    collective waited, not where. None when no such node is found or nothing is set aside.
+    operator's, a receiver starved inward) - or, with every slow record slow by timing
+    alone, when one node already ``named`` in an open network incident is on a slow link: a
+    slow link between two other nodes that is slow only by the ACT of records of
+    collectives that node is a member of says that its collective waited, not where. None
+    when no such node is found or nothing is set aside.
 
-    Sweep 281 #7 (incast into node-12's downlinks, 4 pipeline stages under MoE): every
-    all-to-all link into node-12 starved, then its stage's data-parallel ring, paced by its
-    link into node-12, slow by ACT on node-12 -> node-13 and node-13 -> node-14; no node on
-    every slow link, and node-12 was named a path with node-13, then with node-14."""
+    Sweep 281 #7 (incast into node-12's downlinks, 4 pipeline stages under MoE): node-12
+    named network-slow by every all-to-all link into it starved; then its stage's
+    data-parallel ring, paced by its link into node-12, slow by ACT on node-12 -> node-13
+    and node-13 -> node-14 as well; no node on every slow link, and node-12 was named a
+    path with node-13, then with node-14."""
     firm = [f for fs in slow.values() for f in fs if not f.timing_only()]
-    suspects = record_suspects(firm)
+    if firm:
+        suspects = record_suspects(firm)
+    else:
+        ends = {node_of(e) for k in slow for e in k}
+        suspects = set(named & ends)
     if len(suspects) != 1:
         return None
     x = next(iter(suspects))

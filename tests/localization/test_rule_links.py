@@ -795,3 +795,19 @@ def test_a_node_whose_own_relays_moved_in_bursts_is_not_the_cap_of_a_tree():
     assert slow_link_hypotheses(slow(1.4), set(), P) == {}
     assert list(slow_link_hypotheses(slow(1.05), set(), P)) == [("network-slow", ("x",))]
     assert list(slow_link_hypotheses(slow(float("nan")), set(), P)) == [("network-slow", ("x",))]  # unknown: as before
+
+
+def test_a_ring_slow_by_timing_alone_widens_no_group_beyond_the_node_already_named():
+    # sweep 281 #7, later: x already named network-slow (incast into its downlinks); the
+    # all-to-all links into it clean for a while, its stage's ring slow by ACT alone on
+    # w -> x, x -> y and y -> z, w and z seen clean with a third node: x was named a path
+    # with y. The ring's links say that it waited for its slowest link, which x explains.
+    ring = {(ep(a), ep(b)): slow_link(ep(a), ep(b), 6, comm="ring") for a, b in (("w", "x"), ("x", "y"), ("y", "z"))}
+    clean = {(ep(a), ep(b)) for a, b in (("z", "v"), ("v", "z"), ("w", "v"), ("v", "w"))}
+    members = {"ring": frozenset("wxyz")}.__getitem__
+    assert list(slow_link_hypotheses(ring, clean, P, members=members)) == [("path", ("x", "y"))]  # nothing named
+    got = slow_link_hypotheses(ring, clean, P, members=members, named=frozenset({"x"}))
+    assert all(k[0] != "path" for k in got)
+    # a node named that is in no collective of those links explains nothing of them
+    assert list(slow_link_hypotheses(ring, clean, P, members={"ring": frozenset("wyz")}.__getitem__,
+                                     named=frozenset({"x"}))) == [("path", ("x", "y"))]
