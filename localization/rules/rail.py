@@ -56,8 +56,16 @@ def judge_rails(ev: Evidence, p: LocalizeParams, comm: str, ordered: list[OpMetr
             continue
         ref = median([e for e, _st in sib])
         if r.end_ns - ref >= p.rail_late_ns:
+            # a peer that entered this operator late was not kept waiting by the rail: the
+            # rail waited for it (its place in each rail's trees differs, and so does the
+            # wait). Sweep 269 #0: node-04 computing at 1/1.43, 45-66 ms late into every
+            # operator; its parent in one rail's tree ended there ~139 ms after its other
+            # rails, which excused node-04 as that late rail's receiver: never named, the
+            # job 42 % slower. A receiver that issued on time (a flap's partner) still is.
+            late_eps = {endpoints[k] for k, x in (rises or {}).items() if x > noise > 0}
+            waiting = tuple(e for e in peer_eps[i] if e not in late_eps)
             f = Finding(RAIL, comm, r.seq, r.rank, r.node, endpoints[i], float(r.end_ns - ref), 0.0,
-                        "end_after_other_nics_ns", r.start_ns, r.end_ns, peer_eps[i])
+                        "end_after_other_nics_ns", r.start_ns, r.end_ns, waiting)
             rail.records.append((f, members))
         if r.kind in EVERY_RANK_SENDS:
             # from when it could start: with its siblings, or once its own previous

@@ -221,3 +221,21 @@ def test_peers_waiting_for_a_late_issuer_name_nobody():
     ev.last_end_ns = 15 * MS
     assert len(ev.rail.records) == 3
     assert rail_hypotheses(ev, p, set()) == {}
+
+
+def test_a_peer_that_entered_late_is_not_kept_waiting_by_the_late_rail():
+    # sweep 269 #0: B computing at 1/1.43, ~63 ms late into every operator; A, its parent in
+    # one rail's tree, ended there long after its other rails, and that late record excused
+    # B as its receiver (rules/late.py: waits_on_rail) - B's lateness was never named
+    def judged(rise_b: float) -> tuple:
+        ev, p = evidence()
+        _rails(ev)
+        for k in (1, 2, 3):
+            ev.rail.note_record(_rec(k, 10 * MS))
+        a = _rec(0, 10 * MS + 3 * p.rail_late_ns)
+        b = synth.record("r0", 7, 1, 0, kind="AllReduce", nranks=2, start=9 * MS, end=10 * MS, t_host=0, nic="mlx5_0")
+        judge_rails(ev, p, "r0", [a, b], [ep(A), ep(B)], [(ep(B),), (ep(A),)], {0: 0.0, 1: rise_b}, noise=2 * MS)
+        return tuple(f.peer_eps for f, _m in ev.rail.records)
+
+    assert judged(60 * MS) == ((),)  # the rail waited for B: B waited for nothing
+    assert judged(MS) == ((ep(B),),)  # B entered on time: it got its data that late
