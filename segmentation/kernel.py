@@ -404,6 +404,11 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                 g_cons = _first_burst(ep, by, lo, hi, last, brx)
                 carry = np.int64(-1)
         if final:
+            # the first operator that never started still got the grant seen since the
+            # previous one ended: the receiver posted it, and the sender's NIC received
+            # the burst (a receiver's NIC that died after granting stalls it at zero bytes)
+            if k < kend:
+                o_grant[k] = g_cons if started else gr  # started: closed above, g_cons after it
             while k < kend:
                 o_start[k] = -1
                 o_end[k] = -1

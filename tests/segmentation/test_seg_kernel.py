@@ -313,11 +313,15 @@ def test_bad_need_and_gap():
 
 def _naive_grants(rows, starts, ends, brx):
     """Per slot: the earliest epoch with a CTS burst after the previous slot's last epoch and
-    at or before the slot's first one (its own first epoch always counts); -1 when none."""
-    out, prev_end = [], -FAR
+    at or before the slot's first one (its own first epoch always counts); for the first slot
+    that never started, any burst after the previous slot's end (its receiver granted it,
+    whatever stopped its data); -1 when none."""
+    out, prev_end, unstarted = [], -FAR, False
     for s, e in zip(starts, ends, strict=True):
         if s < 0:
-            out.append(-1)
+            hits = [ep for ep, _tx, *rx in rows if rx and rx[0] >= brx and ep > prev_end]
+            out.append(min(hits) if hits and not unstarted else -1)
+            unstarted = True
             continue
         hits = [ep for ep, _tx, *rx in rows if rx and rx[0] >= brx and ep <= s and (ep > prev_end or ep == s)]
         out.append(min(hits) if hits else -1)
@@ -434,3 +438,19 @@ def test_crossing_epoch_split_resumed_runs_agree():
                               grant_in=part.grant_next, **kw)
             for name in ("start", "end", "act", "vol", "status", "grant"):
                 assert getattr(rest, name).tolist() == getattr(full, name)[k:].tolist(), (cut, wm, name)
+
+
+def test_a_send_that_never_started_keeps_the_grant_its_receiver_sent():
+    # sweep 257 #18: the receiver posted its receive (a 512 B burst on the send flow) 24 ms
+    # before the sender issued; its NIC died in between and the send stalled at zero bytes.
+    # The grant says the receiver's end was up when it posted; only the first operator that
+    # never started has one (the next cannot be granted before it completes).
+    rows = [(5, 300_000, 0), (6, 300_000, 0), (40, 0, 512), (41, 0, 64)]
+    ep = np.array([r[0] for r in rows], np.int64)
+    by = np.array([r[1] for r in rows], np.int64)
+    rx = np.array([r[2] for r in rows], np.int64)
+    need = np.array([600_000, 600_000, 600_000], np.int64)
+    out = segment_rows(np.array([0, ep.size]), ep, by, np.array([0, 3]), need, gap=3, stall=500, rx=rx,
+                       burst_rx=512, burst_need=1)
+    assert out.start.tolist() == [5, -1, -1]
+    assert out.grant.tolist() == [-1, 40, -1]
