@@ -74,6 +74,21 @@ def held_to_one_rate(hits: list[Finding]) -> bool:
     return 2 * len(bursts) > len(hits) and median(bursts) <= 1.0
 
 
+def downlink_shaped(hits: list[Finding], ratio: float) -> bool:
+    """Whether slow sends kept their NIC busy through their records (most of them; a starved
+    host posts late and leaves it idle between posts) and moved in bursts rather than at one
+    rate (their busiest epoch, median, beyond ``1 / ratio`` of the flat bound: a cap at the
+    sender's NIC or on the path holds the rate flat): what held them back was at the
+    receiving end - a downlink shared with traffic from outside the job, served in its
+    lulls. Measured: incast into a ring node's downlinks (sweeps 287 #22, 271 #7) busy in
+    12 of 12 records at 1.6-4.2 of the flat bound; starved hosts' ring sends (269 #11, 287
+    #5) busy in 0-1 of 7-12."""
+    timed = [f for f in hits if f.metric == "act_ns"]
+    bursts = [f.burst for f in timed if not math.isnan(f.burst)]
+    return (2 * sum(f.busy() for f in timed) > len(timed) > 0 and 2 * len(bursts) > len(timed)
+            and median(bursts) > 1.0 / ratio)
+
+
 def nic_cleared(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
                 outside: Collection[str]) -> bool:
     """Whether x's NICs on the slow links are each seen, on clean links with nodes not in

@@ -26,7 +26,15 @@ from ..evidence import Evidence, Link, node_of, node_pairs
 from ..finding import PEER_RATE_IN, Finding
 from ..params import LocalizeParams
 from ..robust import median
-from .capacity import Rates, beaten_on_every_nic, capable, held_to_one_rate, nic_cleared, one_way_path
+from .capacity import (
+    Rates,
+    beaten_on_every_nic,
+    capable,
+    downlink_shaped,
+    held_to_one_rate,
+    nic_cleared,
+    one_way_path,
+)
 from .host import host_hypothesis, host_shaped
 from .records import bursting_relays, paced_by_one, record_nodes, record_suspects
 
@@ -162,6 +170,15 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
             in_slow = any(node_of(b) == x for a, b in slow)
             rx_ok = all(any(node_of(b) == d and node_of(a) != x for a, b in clean) for d in receivers)
             if not (rx_slow or in_slow or rx_ok or one_way()):
+                if (len(receivers) == 1 and members is not None and downlink_shaped(hits, p.rate_ratio)
+                        and all(len(members(f.comm_id)) > 2 for f in hits)):
+                    # x kept its NIC busy through collective steps (a starved host posts each
+                    # step late, idle between them; its point-to-point sends go back to back
+                    # at its pace, every epoch active: battery cpu-contention seed 1) in
+                    # bursts (no cap): what it sends into the one receiver is held back at
+                    # the receiving end
+                    y = next(iter(receivers))
+                    return {("network-slow", (y,)): make_hypothesis(p, "network-slow", "node", (y,), hits, culprit=y)}
                 return {}
     if len(slow) < 2:
         return {}  # one slow link fits its sender, its receiver and the path alike: wait

@@ -686,10 +686,20 @@ def test_a_one_way_link_held_to_one_rate_with_both_ends_clean_the_other_way_is_a
 
 
 def test_a_one_way_link_that_bursts_or_whose_ends_are_not_cleared_the_other_way_waits():
-    # sends into a congested downlink pass bursts in its lulls (1.4-2.9 of the bound); a
-    # starved host's late posts go out at line rate (1.0-1.85): y's downlink or x's host
-    for burst in (1.4, float("nan")):
-        assert slow_link_hypotheses(*_ring_link(burst)[:2], P, _ring_link(burst)[2]) == {}
+    # sends into a congested downlink pass bursts in its lulls (1.4-2.9 of the bound) with
+    # the sender's NIC busy throughout (sweep 287 #22): y's downlink; a starved host's late
+    # posts go out at line rate (1.0-1.85) with its NIC idle between them: x's host or y's
+    # downlink, nothing tells them apart yet
+    ring = dict.fromkeys((f"c{k}" for k in range(4)), frozenset("wxyz")).__getitem__
+    slow, clean, rates = _ring_link(1.4)
+    assert list(slow_link_hypotheses(slow, clean, P, rates, members=ring)) == [("network-slow", ("y",))]
+    idle = {k: [dataclasses.replace(f, value=f.value / 2) for f in fs] for k, fs in slow.items()}
+    assert slow_link_hypotheses(idle, clean, P, rates, members=ring) == {}
+    # a starved host's point-to-point sends go back to back at its pace, every epoch active
+    # (battery cpu-contention seed 1): only a collective's steps show it idle between them
+    pair = dict.fromkeys((f"c{k}" for k in range(4)), frozenset("xy")).__getitem__
+    assert slow_link_hypotheses(slow, clean, P, rates, members=pair) == {}
+    assert slow_link_hypotheses(*_ring_link(float("nan"))[:2], P, _ring_link(float("nan"))[2]) == {}
     # x's NICs not seen receiving faster than the slow links (x's NIC capped both ways)
     assert slow_link_hypotheses(*_ring_link(0.99, x_in=12.0)[:2], P, _ring_link(0.99, x_in=12.0)[2]) == {}
     # y's NICs not seen sending faster (y's NIC or PCIe capped)
@@ -811,3 +821,24 @@ def test_a_ring_slow_by_timing_alone_widens_no_group_beyond_the_node_already_nam
     # a node named that is in no collective of those links explains nothing of them
     assert list(slow_link_hypotheses(ring, clean, P, members={"ring": frozenset("wyz")}.__getitem__,
                                      named=frozenset({"x"}))) == [("path", ("x", "y"))]
+
+
+def test_a_ring_link_kept_busy_in_bursts_into_one_receiver_is_its_downlink():
+    # sweep 287 #22 (incast into y's downlinks, a 13-node ring; the job 38 % slower): the
+    # ring's only links into y, from x, slow on every NIC and nothing else; x's NIC busy in
+    # every epoch of them, its busiest epochs 3.7-4.2x its mean (the downlink's lulls). A
+    # starved host posts late and leaves its NIC idle between posts (sweeps 269 #11, 287 #5:
+    # busy in 0-1 of 7-12), a cap - x's NIC or the path - holds its rate flat.
+    def ring(busy: bool, burst: float) -> dict:
+        out = {}
+        for k in range(4):
+            fs = slow_link(ep("x", k), ep("y", k), 6, comm=f"r{k}")
+            out[(ep("x", k), ep("y", k))] = [
+                dataclasses.replace(f, epoch_ns=1, value=(f.end_ns - f.start_ns) if busy else 1.0, burst=burst)
+                for f in fs]
+        return out
+
+    members = dict.fromkeys((f"r{k}" for k in range(4)), frozenset("vwxy")).__getitem__
+    assert list(slow_link_hypotheses(ring(True, 4.0), set(), P, members=members)) == [("network-slow", ("y",))]
+    assert slow_link_hypotheses(ring(False, 2.3), set(), P, members=members) == {}  # idle between posts: x's host
+    assert ("network-slow", ("y",)) not in slow_link_hypotheses(ring(True, 0.99), set(), P, members=members)  # a cap
