@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -79,10 +78,13 @@ def broker(port: int | None, check: bool, log_path: Path | None, as_json: bool) 
     from rich.console import Console
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    stop = threading.Event()
+    # A plain flag, not a threading.Event: the handler runs in the main thread between two
+    # bytecodes, possibly inside Event.wait() holding the event's lock, and Event.set() would
+    # then wait for that lock forever (a fresh-clone CI run: SIGTERM ignored for 30 s).
+    stopping: list[bool] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
+        stopping.append(True)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     emb = EmbeddedBroker(port, log_path=log_path)
@@ -103,7 +105,8 @@ def broker(port: int | None, check: bool, log_path: Path | None, as_json: bool) 
         sys.stdout.flush()
         err.print(f"[bold]broker ready[/] at {emb.bootstrap} (memory storage, log {emb.log_path}); "
                   "Ctrl-C to stop")
-        while not stop.wait(0.25):
+        while not stopping:
+            time.sleep(0.25)  # a signal ends the sleep; its handler runs right after
             if not emb.running:
                 raise ServiceError(f"the broker exited on its own; {emb.log_hint()}")
         err.print("stopping the broker")
