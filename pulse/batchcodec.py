@@ -67,14 +67,19 @@ def decode_columns(mv: memoryview, n: int, has_rx: bool, where: str) -> tuple[np
     else:
         if len(mv) < 5 or zlib.crc32(mv[4:]) != int.from_bytes(mv[:4], "little"):
             raise DecodeError(f"{where}: the columns fail their CRC-32 (damaged or truncated)")
+        buf = bytearray(raw_len)
         try:
-            # output_len bounds the output: a block that would expand further is refused
-            raw = bytes(cramjam.lz4.decompress_block(bytes(mv[4:]), output_len=raw_len))
+            # the buffer bounds the output: a block that would expand further is refused; the
+            # count written is checked, not the buffer's length (decompress_block(output_len=)
+            # pads a shorter block with zeros: a flipped rx flag or row count in the header,
+            # outside the CRC, then decoded to other rows)
+            wrote = cramjam.lz4.decompress_block_into(bytes(mv[4:]), buf)
         except Exception as exc:  # cramjam raises its own DecompressionError
             raise DecodeError(f"{where}: the columns do not decompress to the {raw_len} bytes {n} rows need "
                               f"({exc})") from None
-        if len(raw) != raw_len:
-            raise DecodeError(f"{where}: the columns decompress to {len(raw)} bytes, {n} rows need {raw_len}")
+        if wrote != raw_len:
+            raise DecodeError(f"{where}: the columns decompress to {wrote} bytes, {n} rows need {raw_len}")
+        raw = bytes(buf)
     planes = np.frombuffer(raw, np.uint8).reshape(ncols, 4, n)
     cols = np.ascontiguousarray(planes.transpose(0, 2, 1)).view(_U32).reshape(ncols, n)
     flow = np.cumsum(cols[0], dtype=_U32)  # wraps mod 2^32 as the encoder's differences did

@@ -178,3 +178,13 @@ def test_decoder_checks_rows_like_version_1() -> None:
     payload = np.concatenate([batchcodec._shuffled(c) for c in cols]).tobytes()
     with pytest.raises(DecodeError, match="carries no bytes"):
         samples.decode(_with_block(b, bytes(cramjam.lz4.compress_block(payload, store_size=False))))
+
+
+def test_a_header_that_claims_more_columns_than_the_block_holds_is_refused():
+    # the header is outside the CRC; LZ4 decompression into a larger buffer pads with zeros,
+    # so a flipped rx flag decoded to rows with rx 0 (found by the bit-flip property test)
+    raw = bytearray(samples.encode(_batch(rx_bytes=None), version=2))
+    flags = struct.unpack_from("<H", raw, 6)[0]
+    struct.pack_into("<H", raw, 6, flags | samples.FLAG_RX)
+    with pytest.raises(PulseError, match="decompress to"):
+        samples.decode(bytes(raw))
