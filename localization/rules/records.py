@@ -8,12 +8,11 @@ ACT stretches with a slow link anywhere in the collective, not only at its own e
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 from ..evidence import Link, node_of
 from ..finding import PEER_RATE_IN, Finding
-from ..robust import median
+from .capacity import bursting
 
 
 def record_suspects(hits: list[Finding]) -> set[str]:
@@ -80,5 +79,4 @@ def bursting_relays(own: list[Finding], ratio: float) -> bool:
     (node-06's 1.7-2.4), node-01's own 0.97-1.24."""
     if not own or not all(f.timing_only() and len(f.peer_eps) > 1 and f.flows > 1 for f in own):
         return False
-    known = [f.burst for f in own if not math.isnan(f.burst)]
-    return 2 * len(known) > len(own) and median(known) > 1.0 / ratio
+    return bursting(own, ratio)
