@@ -100,6 +100,24 @@ def downlink_shaped(hits: list[Finding], ratio: float, members: Callable[[str], 
             and all(len(members(f.comm_id)) > 2 for f in hits))
 
 
+def idle_into_several_nics(slow: dict[Link, list[Finding]], x: str) -> bool:
+    """Whether the slow links into x reach it on two or more of its NICs and their senders'
+    NICs sat idle through most of those records (their epochs known): no fault of x's
+    network fits them. Of the faults at a node's end, the ones that slow several of its NICs
+    (a PCIe cap, incast into its downlinks, its leaf congested) cap them, and a capped link
+    keeps its sender's NIC busy (every capped culprit active through 1.0 of its span); the
+    faults that leave it idle between bursts (a flapping NIC, packet loss) take one NIC. A
+    starved host upstream leaves its sends idle between late posts on all its NICs (sweep
+    287 #5: node-04 at 46 % of its CPU in a 5-node ring, its sends into node-00 slow on all
+    four NICs, busy in 3 of 38 records; node-00, on every slow link by one relay paced by
+    them, was named network-slow)."""
+    into = [(k, fs) for k, fs in slow.items() if node_of(k[1]) == x]
+    if len({k[1] for k, _fs in into}) < 2:
+        return False
+    timed = [f for _k, fs in into for f in fs if f.metric == "act_ns" and f.epoch_ns > 0]
+    return bool(timed) and 2 * sum(f.busy() for f in timed) < len(timed)
+
+
 def nic_cleared(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | None, x: str,
                 outside: Collection[str]) -> bool:
     """Whether x's NICs on the slow links are each seen, on clean links with nodes not in

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
+from pulse.localization.evidence import node_of
 from pulse.localization.finding import ACT
 from pulse.localization.params import LocalizeParams
 from pulse.localization.rules.links import (
@@ -688,13 +689,16 @@ def test_a_one_way_link_held_to_one_rate_with_both_ends_clean_the_other_way_is_a
 def test_a_one_way_link_that_bursts_or_whose_ends_are_not_cleared_the_other_way_waits():
     # sends into a congested downlink pass bursts in its lulls (1.4-2.9 of the bound) with
     # the sender's NIC busy throughout (sweep 287 #22): y's downlink; a starved host's late
-    # posts go out at line rate (1.0-1.85) with its NIC idle between them: x's host or y's
-    # downlink, nothing tells them apart yet
+    # posts go out at line rate (1.0-1.85) with its NIC idle between them (sweep 287 #5):
+    # nothing caps the link, and with x's own inputs seen on time, x's host
     ring = dict.fromkeys((f"c{k}" for k in range(4)), frozenset("wxyz")).__getitem__
     slow, clean, rates = _ring_link(1.4)
     assert list(slow_link_hypotheses(slow, clean, P, rates, members=ring)) == [("network-slow", ("y",))]
     idle = {k: [dataclasses.replace(f, value=f.value / 2) for f in fs] for k, fs in slow.items()}
-    assert slow_link_hypotheses(idle, clean, P, rates, members=ring) == {}
+    assert list(slow_link_hypotheses(idle, clean, P, rates, members=ring)) == [("host-contention", ("x",))]
+    # x's inputs not seen: x may be waiting on them, as a relay does - nothing yet
+    no_input = {k for k in clean if node_of(k[1]) != "x"}
+    assert slow_link_hypotheses(idle, no_input, P, rates, members=ring) == {}
     # a starved host's point-to-point sends go back to back at its pace, every epoch active
     # (battery cpu-contention seed 1): only a collective's steps show it idle between them
     pair = dict.fromkeys((f"c{k}" for k in range(4)), frozenset("xy")).__getitem__
@@ -842,3 +846,26 @@ def test_a_ring_link_kept_busy_in_bursts_into_one_receiver_is_its_downlink():
     assert list(slow_link_hypotheses(ring(True, 4.0), set(), P, members=members)) == [("network-slow", ("y",))]
     assert slow_link_hypotheses(ring(False, 2.3), set(), P, members=members) == {}  # idle between posts: x's host
     assert ("network-slow", ("y",)) not in slow_link_hypotheses(ring(True, 0.99), set(), P, members=members)  # a cap
+
+
+def test_links_into_several_nics_of_a_node_idle_at_their_sender_do_not_name_it():
+    # sweep 287 #5: node-04 (y) at 46 % of its CPU in a 5-node ring; its sends into x slow
+    # on all four NICs, busy in 3 of 38 records, and one of x's ring sends (paced by them)
+    # slow too: x on every slow link. A fault at x's end that slows several of its NICs
+    # caps them and keeps their senders busy; one that leaves them idle takes one NIC
+    def state(busy: bool, nics: tuple[int, ...] = (0, 1, 2, 3)):
+        out = {}
+        for k in nics:
+            fs = slow_link(ep("y", k), ep("x", k), n=8, comm=f"c{k}")
+            out[(ep("y", k), ep("x", k))] = [
+                dataclasses.replace(f, epoch_ns=10_000, value=float(f.end_ns - f.start_ns) if busy else 20_000.0)
+                for f in fs]
+        out[(ep("x", 2), ep("z", 2))] = [dataclasses.replace(f, epoch_ns=10_000, value=float(f.end_ns - f.start_ns))
+                                         for f in slow_link(ep("x", 2), ep("z", 2), comm="c2")]
+        return out
+
+    assert slow_link_hypotheses(state(busy=False), set(), P) == {}
+    assert list(slow_link_hypotheses(state(busy=True), set(), P)) == [("network-slow", ("x",))]
+    # one of x's NICs: a flapping or lossy NIC leaves its senders idle between bursts
+    assert list(slow_link_hypotheses(state(busy=False, nics=(2,)) | {
+        (ep("w", 2), ep("x", 2)): slow_link(ep("w", 2), ep("x", 2))}, set(), P)) == [("network-slow", ("x",))]
