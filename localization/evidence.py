@@ -245,7 +245,8 @@ class Lateness:
         """(node, comm) -> per judged operator (the same as ``windows``), whether the node's
         issue lag rose above its baseline by ``late_weak_sigmas`` of the job's healthy
         spread (:func:`.rules.late.weakly_late`), and the communicator's step it was in
-        (None where steps are not told apart)."""
+        (None where steps are not told apart: a point-to-point operator;
+        :data:`STEP_UNKNOWN` for a collective whose steps are not known yet)."""
         self.n_late = 0
         """Late findings inside the windows."""
         self.waits: dict[str, deque[float]] = defaultdict(lambda: deque(maxlen=p.waits_per_window * p.window_ops))
@@ -268,6 +269,10 @@ class Lateness:
         self.waits[node].append(w)
         self.all_waits.append(w)
 
+
+STEP_UNKNOWN = -1
+"""The step of a collective's operator judged before its communicator's steps can be told
+apart (:attr:`.late_stragglers.LateStragglers.step_no`)."""
 
 GROUPED_RAIL_METRIC = "silent_after_other_nics_ns"
 """The metric of an all-to-all's rail-late finding: its silence beyond its siblings'

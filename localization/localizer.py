@@ -37,7 +37,7 @@ from pulse.events import COLLECTIVES, GROUPED, HookEvent, OpEvent
 from pulse.records import OpMetrics, Verdict
 
 from .decisions import DecisionBook, Hypothesis, Key
-from .evidence import Evidence, node_of
+from .evidence import STEP_UNKNOWN, Evidence, node_of
 from .finding import ABSENT, ISSUE_LAG, LATE, MISSING, STALL, Finding
 from .observations import OpView, judge
 from .params import LocalizeParams
@@ -309,7 +309,7 @@ class Localizer:
             ev.late.prev[(comm, r.rank)] = r
         if len(ordered) >= p.late_min_ranks and j.judged:
             rose = self._rose(comm, ordered, j.issue_lags)
-            step = ev.late_stragglers.step_no.get(comm) if view.kind in COLLECTIVES else None
+            step = ev.late_stragglers.step_no.get(comm, STEP_UNKNOWN) if view.kind in COLLECTIVES else None
             for i in j.judged:
                 r = ordered[i]
                 ev.late.add(r.node, comm, late.get(r.rank), i in rose, step)

@@ -27,7 +27,7 @@ import numpy as np
 from pulse.records import OpMetrics
 
 from ..decisions import Hypothesis, Key, make_hypothesis
-from ..evidence import GROUPED_RAIL_METRIC, Evidence, node_of
+from ..evidence import GROUPED_RAIL_METRIC, STEP_UNKNOWN, Evidence, node_of
 from ..finding import Finding, lateness
 from ..params import LocalizeParams
 from ..robust import median
@@ -183,10 +183,15 @@ def weakly_late(p: LocalizeParams, rose: Iterable[tuple[bool, int | None]] | Non
     step, and a step's buckets drift together (sweep 197 #5, a healthy 4-node tree job:
     node-01 rose in 9 of 16 buckets, a handful of steps, each bucket counted as a trial of
     chance 1/6). A step counts as risen when most of its operators in the window did;
-    operators whose steps are not told apart count one each."""
+    operators whose steps are not told apart count one each. A collective's operators
+    judged before its steps could be told apart (:data:`.evidence.STEP_UNKNOWN`) do not
+    count: their grouping is unknown, and counted one each, the few steps they span pass
+    for many trials (sweep 307 #2, a healthy 7-node ring: node-00, whose baseline came
+    from two steps it happened to issue early in, rose by 2 sigmas in 8 buckets of two
+    steps, counted as 8 of 16 trials, and was named compute-slow)."""
     if rose is None:
         return False
-    flags = list(rose)
+    flags = [(up, step) for up, step in rose if step != STEP_UNKNOWN]
     if len(flags) < max(min_fill, 1):
         return False
     trials: list[list[bool]] = []

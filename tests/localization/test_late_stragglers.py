@@ -178,6 +178,19 @@ def test_the_weak_test_counts_steps_not_a_steps_buckets():
     assert not _weak([(True, s) for s in range(3) for _ in range(6)])
 
 
+def test_a_collectives_operators_before_its_steps_are_known_are_no_trials():
+    # sweep 307 #2, a healthy 7-node ring: node-00 rose in the 8 buckets of two steps
+    # judged before the ring's steps could be told apart, then in none: counted one each
+    # they were 8 trials of 16 risen, and a healthy node was named compute-slow
+    from pulse.localization.evidence import STEP_UNKNOWN
+
+    early = [(b >= 3, STEP_UNKNOWN) for b in range(12)] + [(False, 0), (False, 0), (False, 1), (False, 1)]
+    assert not _weak(early)
+    assert _weak([(u, None) for u, _ in early])  # a point-to-point operator's: one each, as before
+    # a straggler keeps rising once the steps are known
+    assert _weak([(True, STEP_UNKNOWN)] * 4 + [(True, s) for s in range(4) for _ in range(3)])
+
+
 def test_a_step_counts_as_risen_when_most_of_its_buckets_rose():
     half = [(b < 2, s) for s in range(8) for b in range(4)]  # 2 of 4 each step: not most
     assert not _weak(half[-16:])
