@@ -100,19 +100,21 @@ def downlink_shaped(hits: list[Finding], ratio: float, members: Callable[[str], 
             and all(len(members(f.comm_id)) > 2 for f in hits))
 
 
-def idle_into_several_nics(slow: dict[Link, list[Finding]], x: str) -> bool:
-    """Whether the slow links into x reach it on two or more of its NICs and their senders'
-    NICs sat idle through most of those records (their epochs known): no fault of x's
-    network fits them. Of the faults at a node's end, the ones that slow several of its NICs
-    (a PCIe cap, incast into its downlinks, its leaf congested) cap them, and a capped link
-    keeps its sender's NIC busy (every capped culprit active through 1.0 of its span); the
-    faults that leave it idle between bursts (a flapping NIC, packet loss) take one NIC. A
-    starved host upstream leaves its sends idle between late posts on all its NICs (sweep
-    287 #5: node-04 at 46 % of its CPU in a 5-node ring, its sends into node-00 slow on all
-    four NICs, busy in 3 of 38 records; node-00, on every slow link by one relay paced by
-    them, was named network-slow)."""
+def network_unfit_at(slow: dict[Link, list[Finding]], x: str) -> bool:
+    """Whether the slow links into x reach it on two or more of its NICs, their senders'
+    NICs sat idle through most of those records (epochs known), and some of those NICs of
+    x are not slow sending: no fault of x's network fits them. A fault at x's end that
+    slows several of its NICs either caps its downlinks (incast, a congested leaf: the
+    senders kept busy, passing bursts in the lulls) or sits behind them (a PCIe cap: it
+    slows what x sends on those NICs alike, its senders idle waiting for x's credits -
+    sweep 307 #20, busy in 2-4 of 12); a flapping or lossy NIC is one NIC. A starved host
+    upstream leaves its sends idle between late posts on all its NICs (sweep 287 #5: node-04
+    at 46 % of its CPU in a 5-node ring, its sends into node-00 slow on all four NICs, busy
+    in 3 of 38 records, and one of node-00's ring sends, paced by them, slow too: node-00,
+    on every slow link, was named network-slow)."""
     into = [(k, fs) for k, fs in slow.items() if node_of(k[1]) == x]
-    if len({k[1] for k, _fs in into}) < 2:
+    nics = {k[1] for k, _fs in into}
+    if len(nics) < 2 or nics <= {k[0] for k in slow}:
         return False
     timed = [f for _k, fs in into for f in fs if f.metric == "act_ns" and f.epoch_ns > 0]
     return bool(timed) and 2 * sum(f.busy() for f in timed) < len(timed)

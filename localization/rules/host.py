@@ -10,8 +10,6 @@ on several of them, while one NIC's fault slows one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ..decisions import Hypothesis, Key, make_hypothesis
@@ -84,20 +82,6 @@ def host_hypothesis(slow: dict[Link, list[Finding]], clean: set[Link], p: Locali
             extra={"slow_out_nics": sorted(out_nics), "clean_in_nics": clean_in,
                    "out_excess": round(out_ex, 3), "in_excess": round(in_ex, 3)})}
     return {}
-
-
-def idle_between_posts(hits: list[Finding], members: Callable[[str], frozenset[str]]) -> bool:
-    """Whether slow collective sends (three or more ranks: ``members``, a communicator's
-    nodes) left their NIC idle through most of their records (epochs known): posted late,
-    not held back. Whatever caps a link at either end or on the path (a NIC, PCIe, incast
-    into the receiver's downlinks, a congested path) keeps the sender's NIC busy through the
-    record (:func:`.capacity.downlink_shaped`: incast 12 of 12 busy); a starved host posts
-    each step late and idles between (sweep 287 #5: busy in 3 of 38 records, 269 #11 in 0-1
-    of 7-12). A starved host's point-to-point sends go back to back at its pace, every epoch
-    active, and say nothing here."""
-    timed = [f for f in hits if f.metric == "act_ns" and f.epoch_ns > 0]
-    return (2 * len(timed) > len(hits) and 2 * sum(f.busy() for f in timed) < len(timed)
-            and all(len(members(f.comm_id)) > 2 for f in hits))
 
 
 def _beats(rates: Rates | None, link: Link, slow_out: list[Link]) -> bool:

@@ -32,12 +32,12 @@ from .capacity import (
     capable,
     downlink_shaped,
     held_to_one_rate,
-    idle_into_several_nics,
+    network_unfit_at,
     nic_cleared,
     one_way_path,
 )
 from .cover import exonerated, unique_cover
-from .host import host_hypothesis, host_shaped, idle_between_posts
+from .host import host_hypothesis, host_shaped
 from .records import bursting_relays, paced_by_one, record_nodes, record_suspects
 
 __all__ = ["exonerated", "link_state", "network_hypotheses", "record_suspects", "shown_rates",
@@ -177,20 +177,12 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
                     # x's NIC busy in bursts: held back at the one receiving end
                     y = next(iter(receivers))
                     return {("network-slow", (y,)): make_hypothesis(p, "network-slow", "node", (y,), hits, culprit=y)}
-                if (len(receivers) == 1 and members is not None and idle_between_posts(hits, members)
-                        and any(node_of(b) == x and node_of(a) not in receivers for a, b in clean)):
-                    # x's NIC idle between its late posts on every slow link, its own inputs
-                    # seen on time: nothing caps the one link out of it (a cap keeps the NIC
-                    # busy), and the receiver's own host would slow its sends too - x's host
-                    # (sweep 287 #5: a 5-node ring, node-04 at 46 % of its CPU)
-                    return {("host-contention", (x,)): make_hypothesis(p, "host-contention", "node", (x,), hits,
-                                                                       culprit=x)}
                 return {}
     if len(slow) < 2:
         return {}  # one slow link fits its sender, its receiver and the path alike: wait
     if len(covers) == 1:
         x = covers[0]
-        if _paced_end(slow, clean, rates, x, hits) or idle_into_several_nics(slow, x):
+        if _paced_end(slow, clean, rates, x, hits) or network_unfit_at(slow, x):
             return {}
         if host_shaped(slow, p, x):
             # x's sends slow far more than what it receives, on several NICs: its host
