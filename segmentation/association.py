@@ -43,6 +43,9 @@ class OpInfo:
     flow_peers: list[int] | None = None
     """Grouped P2P only: the peer rank each of ``flows`` sends to (per-peer figures,
     :func:`pulse.segmentation.metrics.peer_figures`)."""
+    steps: int = 1
+    """The fewest messages each of ``flows`` carries by the algorithm's structure (a ring
+    AllReduce's 2 (n - 1) steps), however few its bytes (:func:`algo_steps`)."""
 
     @property
     def expected_bytes(self) -> int:
@@ -59,6 +62,8 @@ class Association:
     flow_issue: dict[FlowKey, np.ndarray]
     """Per send flow, aligned with ``flow_ops``: each operator's host issue time
     (``t_host_ns``, node clock), or NO_TIME when the op event has none."""
+    flow_steps: dict[FlowKey, np.ndarray]
+    """Per send flow, aligned with ``flow_ops``: each operator's :attr:`OpInfo.steps`."""
     ops: dict[OpKey, OpInfo]
     """Every operator with at least one visible send flow on its rank."""
     unbound: list[FlowKey]
@@ -110,9 +115,11 @@ class Association:
             for f, e in zip(info.flows, info.expected, strict=True):
                 seqs, need = self.flow_op_list(f)
                 times = self.flow_issue_times(f)
+                steps = self.flow_op_steps(f)
                 at = int(np.searchsorted(seqs, op.seq))
                 self.flow_ops[f] = (np.insert(seqs, at, op.seq), np.insert(need, at, e))
                 self.flow_issue[f] = np.insert(times, at, issued)
+                self.flow_steps[f] = np.insert(steps, at, info.steps)
         return without
 
     def drop_ops(self, keys: Iterable[OpKey]) -> None:
@@ -126,6 +133,7 @@ class Association:
                 keep = seqs != key[2]
                 self.flow_ops[f] = (seqs[keep], need[keep])
                 self.flow_issue[f] = self.flow_issue_times(f)[keep]
+                self.flow_steps[f] = self.flow_op_steps(f)[keep]
 
     def flow_op_list(self, key: FlowKey) -> tuple[np.ndarray, np.ndarray]:
         empty = np.zeros(0, np.int64)
@@ -133,6 +141,9 @@ class Association:
 
     def flow_issue_times(self, key: FlowKey) -> np.ndarray:
         return self.flow_issue.get(key, np.zeros(0, np.int64))
+
+    def flow_op_steps(self, key: FlowKey) -> np.ndarray:
+        return self.flow_steps.get(key, np.zeros(0, np.int64))
 
 
 class RankFiller:
@@ -344,6 +355,21 @@ def _op_flows(op: OpEvent, rk: _Rank, nranks: int) -> tuple[str, list[FlowKey], 
     return algo, *_split(per, conns), ambiguous, None
 
 
+def algo_steps(kind: str, algo: str, nranks: int) -> int:
+    """The fewest messages each send flow of an operator carries by its algorithm's
+    structure: a ring AllReduce hands on 2 (n - 1) pieces (reduce-scatter, then all-gather),
+    an AllGather or a ReduceScatter n - 1, each its own message however small; the rest
+    (trees, broadcasts, point-to-point) one, their bytes cut into messages of at most a
+    slot's size (:func:`.kernel.slot_fills`)."""
+    if algo != "ring" or nranks < 2:
+        return 1
+    if kind == "AllReduce":
+        return 2 * (nranks - 1)
+    if kind in ("AllGather", "ReduceScatter"):
+        return nranks - 1
+    return 1
+
+
 def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
     if op.rank is None:
         return None  # held by a RankFiller until its rank is named
@@ -356,7 +382,8 @@ def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
         return None
     return OpInfo(event=op, algo=algo, nranks=max(1, nranks), flows=[flows[i] for i in keep],
                   expected=[expected[i] for i in keep], ambiguous=ambiguous,
-                  flow_peers=None if flow_peers is None else [flow_peers[i] for i in keep])
+                  flow_peers=None if flow_peers is None else [flow_peers[i] for i in keep],
+                  steps=algo_steps(op.kind, algo, nranks))
 
 
 def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
@@ -404,7 +431,7 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
 
     infos: dict[OpKey, OpInfo] = {}
     without: list[OpKey] = []
-    per_flow: dict[FlowKey, list[tuple[int, int, int]]] = defaultdict(list)
+    per_flow: dict[FlowKey, list[tuple[int, int, int, int]]] = defaultdict(list)
     ambiguous_total = 0
     for okey in sorted(ops):
         op = ops[okey]
@@ -416,12 +443,14 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
         infos[okey] = info
         issued = NO_TIME if op.t_host_ns is None else op.t_host_ns
         for f, e in zip(info.flows, info.expected, strict=True):
-            per_flow[f].append((op.seq, e, issued))
+            per_flow[f].append((op.seq, e, issued, info.steps))
     flow_ops = {
         f: (np.array([x[0] for x in lst], np.int64), np.array([x[1] for x in lst], np.int64))
         for f, lst in per_flow.items()
     }
     flow_issue = {f: np.array([x[2] for x in lst], np.int64) for f, lst in per_flow.items()}
-    return Association(bindings=bindings, flow_ops=flow_ops, flow_issue=flow_issue, ops=infos, unbound=sorted(unbound),
+    flow_steps = {f: np.array([x[3] for x in lst], np.int64) for f, lst in per_flow.items()}
+    return Association(bindings=bindings, flow_ops=flow_ops, flow_issue=flow_issue, flow_steps=flow_steps, ops=infos,
+                       unbound=sorted(unbound),
                        ops_without_flows=without, duplicates=duplicates, ambiguous_algo=ambiguous_total,
                        unranked=filler.held(), _ctx=(ranks, comms), _filler=filler)

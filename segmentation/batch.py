@@ -9,7 +9,7 @@ import numpy as np
 from pulse.segmentation import metrics as _metrics
 from pulse.segmentation.association import Association, FlowKey, OpKey, associate
 from pulse.segmentation.gather import active_epochs, gather
-from pulse.segmentation.kernel import COMPLETE, run_kernel, volume_bounds
+from pulse.segmentation.kernel import COMPLETE, run_kernel, slot_fills, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, collect
 
@@ -107,6 +107,8 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
     earliest = (np.concatenate([clocks[f[0]].earliest_epoch(assoc.flow_issue_times(f)) for f in flows])
                 if flows else empty)
     thr, slack = volume_bounds(need, params.rel_tolerance, params.abs_tolerance)
+    steps = np.concatenate([assoc.flow_op_steps(f) for f in flows]) if flows else empty
+    fills = slot_fills(need, steps, params.cts_slots, params.step_bytes)
     flow_epoch = np.array([clocks[f[0]].epoch_ns for f in flows], np.int64)
     # The stall horizon is in epochs of each node's grid; nodes share one epoch length in
     # practice, but keep it exact by running per distinct epoch length.
@@ -114,7 +116,7 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
     for ens in np.unique(flow_epoch).tolist() or [DEFAULT_EPOCH_NS]:
         o = run_kernel(row_ptr, ep, by, op_ptr, need, thr, slack, gap=params.gap_epochs,
                        stall=params.stall_epochs(int(ens)), merge=params.merge_epochs(int(ens)),
-                       final=True, earliest=earliest, burst_rx=params.burst_rx, burst_need=params.burst_need)
+                       final=True, earliest=earliest, burst_rx=params.burst_rx, fills=fills)
         if out is None:
             out = o
         else:

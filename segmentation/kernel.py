@@ -94,7 +94,7 @@ def _first_burst(ep, by, lo, i, after, brx):  # pragma: no cover - numba
 
 @numba.njit(cache=True, nogil=True)
 def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, stall, merge, wm, final,
-            brx, bneed, grant_in, o_start, o_end, o_act, o_vol, o_status, o_grant, f_consumed, f_carry, f_next,
+            brx, fills, grant_in, o_start, o_end, o_act, o_vol, o_status, o_grant, f_consumed, f_carry, f_next,
             f_extra, f_grant):  # pragma: no cover - numba
     nf = row_ptr.shape[0] - 1
     for f in range(nf):
@@ -162,7 +162,7 @@ def _kernel(row_ptr, ep, by, carry_in, op_ptr, need, thr, slack, earliest, gap, 
                     slack_k = slack[k]
                 nxt = k + 1 < kend
                 e_next = earliest[k + 1] if nxt else -FAR
-                elig = brx > 0 and nxt and need[k + 1] >= bneed
+                elig = brx > 0 and nxt and fills[k + 1]
             if started and not crossed and not tent and ovr_i < i:
                 # Fast path for the bulk of an operator: accumulate until the row that
                 # reaches the threshold or a stall, which the general rules below take.
@@ -447,11 +447,12 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
                need: np.ndarray, thr: np.ndarray, slack: np.ndarray, *, gap: int, stall: int,
                merge: int | None = None, watermark: np.ndarray | None = None, final: bool = True,
                carry_in: np.ndarray | None = None, earliest: np.ndarray | None = None,
-               burst_rx: int = 0, burst_need: int = 0, grant_in: np.ndarray | None = None) -> KernelOut:
+               burst_rx: int = 0, fills: np.ndarray | None = None, grant_in: np.ndarray | None = None) -> KernelOut:
     """Driver: contiguous int64 arrays in, outputs allocated here (no validation).
 
     ``nbytes`` are packed rows (``pack_rows``). ``burst_rx`` > 0 enables the CTS-burst rule
-    for every operator followed by one of at least ``burst_need`` expected bytes: the
+    for every operator followed by one that ``fills`` every receive slot at its start
+    (per operator slot, :func:`slot_fills`; None: none does): the
     receiver of a send flow starts an operator by granting all its slots at once (NCCL
     posts NCCL_STEPS receives, each a CTS back to the sender: >= ``burst_rx`` rx bytes in
     one epoch on the send flow), and the sender cannot put a byte of that operator on the
@@ -477,14 +478,29 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
     wm = np.full(nf, FAR, i64) if watermark is None else np.ascontiguousarray(watermark, i64)
     cin = np.full(nf, -1, i64) if carry_in is None else np.ascontiguousarray(carry_in, i64)
     early = np.full(nk, -FAR, i64) if earliest is None else np.ascontiguousarray(earliest, i64)
+    full = np.zeros(nk, np.bool_) if fills is None else np.ascontiguousarray(fills, np.bool_)
     _kernel(np.ascontiguousarray(row_ptr, i64), np.ascontiguousarray(epochs, i64),
             np.ascontiguousarray(nbytes), cin, np.ascontiguousarray(op_ptr, i64),
             np.ascontiguousarray(need, i64), np.ascontiguousarray(thr, i64),
             np.ascontiguousarray(slack, i64), early, i64(gap), i64(stall),
             i64(stall if merge is None else min(merge, stall)), wm, bool(final),
-            i64(burst_rx), i64(burst_need), gin, out.start, out.end, out.act, out.vol, out.status, out.grant,
+            i64(burst_rx), full, gin, out.start, out.end, out.act, out.vol, out.status, out.grant,
             out.consumed, out.carry, out.next_op, out.extra, out.grant_next)
     return out
+
+
+def slot_fills(need: np.ndarray, steps: np.ndarray, slots: int, slot_bytes: int) -> np.ndarray:
+    """Per operator slot, whether the operator sends ``slots`` messages or more on its flow:
+    at least ``steps`` (its algorithm's, :func:`.association.algo_steps`) and at least
+    ``need`` / ``slot_bytes`` (the most one message carries). Then its receiver posts every
+    slot at its start, a CTS burst the CTS-burst rule waits for. Counted by bytes alone, a
+    ring AllReduce of small buckets passed for one that leaves slots unposted: its 24
+    pieces of 80 KiB on a 13-rank ring (sweep 293 #10) never waited for the burst, and back
+    to back under congestion each operator took its successor's first piece, from then on
+    one piece off in every operator."""
+    need = np.asarray(need, np.int64)
+    msgs = np.maximum(np.asarray(steps, np.int64), -(-need // max(int(slot_bytes), 1)))
+    return msgs >= slots
 
 
 def volume_bounds(need: np.ndarray, rel: float, abs_bytes: int) -> tuple[np.ndarray, np.ndarray]:
@@ -510,7 +526,7 @@ def segment_rows(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op
                  need: np.ndarray, *, gap: int, stall: int, rel_tolerance: float = 1e-3,
                  abs_tolerance: int = 4096, earliest: np.ndarray | None = None,
                  merge: int | None = None, rx: np.ndarray | None = None, burst_rx: int = 0,
-                 burst_need: int = 0) -> KernelOut:
+                 fills: np.ndarray | None = None) -> KernelOut:
     """Segment flows given as CSR arrays (validated; final, whole-trace form).
 
     Flow ``f`` owns rows ``row_ptr[f]:row_ptr[f+1]`` of ``epochs`` (strictly ascending
@@ -518,8 +534,8 @@ def segment_rows(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op
     ``op_ptr[f]:op_ptr[f+1]`` of ``need`` (expected bytes > 0, in the order the flow carries
     them). ``earliest``: per operator slot, the first epoch its data can be on the wire (its
     host issue time), or None when unknown. ``rx``: the flow's rx bytes per row (rows with
-    no tx bytes are rx-only epochs), for the CTS-burst rule (``burst_rx``, ``burst_need``:
-    see ``run_kernel``).
+    no tx bytes are rx-only epochs), for the CTS-burst rule (``burst_rx``, and ``fills`` per
+    operator slot: see ``run_kernel``).
     """
     ep = np.asarray(epochs)
     by = np.asarray(nbytes)
@@ -564,7 +580,11 @@ def segment_rows(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op
         earliest = np.asarray(earliest)
         if earliest.shape != nd.shape or (earliest.size and earliest.dtype.kind not in "iu"):
             raise SegmentationError(f"earliest must be an integer array shaped like need {nd.shape}")
-    if burst_rx < 0 or burst_need < 0:
-        raise SegmentationError(f"burst_rx={burst_rx}, burst_need={burst_need}: need >= 0")
+    if burst_rx < 0:
+        raise SegmentationError(f"burst_rx={burst_rx}: need >= 0")
+    if fills is not None:
+        fills = np.asarray(fills)
+        if fills.shape != nd.shape or (fills.size and fills.dtype.kind not in "biu"):
+            raise SegmentationError(f"fills must be a boolean array shaped like need {nd.shape}")
     return run_kernel(rp, ep, pack_rows(by, rxa), op, nd, thr, slack, gap=gap, stall=stall, earliest=earliest,
-                      merge=merge, burst_rx=burst_rx, burst_need=burst_need)
+                      merge=merge, burst_rx=burst_rx, fills=fills)

@@ -83,16 +83,14 @@ class SegmentParams:
 
     step_bytes: int = 512 * 1024
     """Largest message one slot carries (NCCL SIMPLE: 4 MiB buffer / 8 steps). Only an
-    operator of >= cts_slots x step_bytes on the flow surely fills every slot at its start,
-    so only such operators are waited for."""
+    operator that sends >= cts_slots messages on the flow - by its bytes, or by its
+    algorithm's steps - surely fills every slot at its start, so only such operators are
+    waited for (:func:`.kernel.slot_fills`)."""
 
     @property
     def burst_rx(self) -> int:
         return self.cts_bytes * self.cts_slots
 
-    @property
-    def burst_need(self) -> int:
-        return self.cts_slots * self.step_bytes
 
     def __post_init__(self) -> None:
         checks = (

@@ -25,6 +25,7 @@ from pulse.records import OpMetrics
 _EMPTY = np.zeros(0, np.int64)
 SLOT_SPEC: dict[str, tuple[type, int]] = {
     "fid": (np.int64, 0), "seq": (np.int64, 0), "need": (np.int64, 0), "issue": (np.int64, NO_TIME),
+    "steps": (np.int64, 1),
     "uid": (np.int64, 0), "live": (np.bool_, False), "closed": (np.bool_, False),
     "start": (np.int64, -1), "end": (np.int64, -1), "vol": (np.int64, 0), "status": (np.int8, 0),
     "grant": (np.int64, -1)}
@@ -130,6 +131,7 @@ class SlotTable:
         s.seq[sl] = np.repeat(np.array([info.event.seq for _, info in infos], np.int64), per)
         s.issue[sl] = np.repeat(np.array([NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns
                                           for _, info in infos], np.int64), per)
+        s.steps[sl] = np.repeat(np.array([info.steps for _, info in infos], np.int64), per)
         s.live[sl] = True
         for (uid, _), n in zip(infos, per.tolist(), strict=True):
             self._total[uid] += n

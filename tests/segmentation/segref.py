@@ -23,10 +23,11 @@ def split_at_crossing(cross: tuple | None, taken: list, row_b: tuple | None, sla
 def reference(rows: list[tuple], need: list[int], gap: int, stall: int,
               rel: float = 1e-3, abs_bytes: int = 4096, earliest: list[int] | None = None,
               merge: int | None = None, burst_rx: int = 0,
-              burst_need: int = 0) -> tuple[list[tuple[int, int, int, int, int]], int]:
+              fills: list[bool] | None = None) -> tuple[list[tuple[int, int, int, int, int]], int]:
     """rows: (epoch, tx bytes) or (epoch, tx bytes, rx bytes), ascending epochs; a row with
     no tx bytes is an rx-only epoch (never active; a CTS burst when rx >= burst_rx > 0).
-    need: expected bytes per operator, in order. Returns per operator (start, end, active
+    need: expected bytes per operator, in order; fills: per operator, whether it posts every
+    receive slot at its start (None: none does). Returns per operator (start, end, active
     epochs, bytes, status) and the extra bytes."""
     rows = [(r[0], r[1], r[2] if len(r) > 2 else 0) for r in rows]
     merge = stall if merge is None else min(merge, stall)
@@ -38,8 +39,8 @@ def reference(rows: list[tuple], need: list[int], gap: int, stall: int,
         has_next = k + 1 < len(need)
         # the next operator's data cannot be on the wire before its host issue epoch
         en = earliest[k + 1] if (has_next and earliest is not None) else -FAR
-        # CTS-burst rule: only for a next operator large enough to fill every slot
-        elig = burst_rx > 0 and has_next and need[k + 1] >= burst_need
+        # CTS-burst rule: only for a next operator that fills every slot
+        elig = burst_rx > 0 and has_next and fills is not None and bool(fills[k + 1])
 
         def whole(taken, thr=thr):
             if not taken:

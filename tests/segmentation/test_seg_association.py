@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from pulse.segmentation.association import associate
+from pulse.segmentation.association import algo_steps, associate
 from pulse.segmentation.batch import segment_flows
+from pulse.segmentation.kernel import slot_fills
 from segbuilder import TraceBuilder
 
 S = 8_000_000
@@ -175,6 +176,28 @@ def test_flow_op_lists_are_in_seq_order():
     (seqs, need), = a.flow_ops.values()
     assert list(seqs) == [0, 1, 2, 3]
     assert np.all(np.diff(need) > 0)
+
+
+def test_each_flow_op_carries_its_algorithms_fewest_messages():
+    # a ring AllReduce hands on 2 (n - 1) pieces on every flow, an AllGather n - 1, however
+    # small its bytes: what tells the segmentation its receiver posts every slot at its start
+    tb, nodes = ring4(nch=1)
+    tb.op(nodes[0], "c", 0, 0, "AllReduce", S, algo="ring", nchannels=1, nranks=4)
+    tb.op(nodes[0], "c", 0, 1, "AllGather", S, algo="ring", nchannels=1, nranks=4)
+    tb.op(nodes[0], "c", 0, 2, "Broadcast", S, algo="ring", nchannels=1, nranks=4, root=3)
+    a = associate(tb.events)
+    (flow,) = a.flow_ops
+    assert a.flow_op_steps(flow).tolist() == [6, 3, 1]
+    assert [a.ops[("c", 0, q)].steps for q in range(3)] == [6, 3, 1]
+    a.drop_ops([("c", 0, 1)])
+    assert a.flow_op_steps(flow).tolist() == [6, 1]
+    assert algo_steps("AllReduce", "tree", 16) == 1 and algo_steps("AllReduce", "ring", 1) == 1
+
+
+def test_an_operator_fills_every_slot_by_its_messages_or_its_bytes():
+    need = np.array([2 << 20, 2 << 20, 4 << 20, 1 << 20])
+    steps = np.array([24, 1, 1, 6])
+    assert slot_fills(need, steps, 8, 512 << 10).tolist() == [True, False, True, False]
 
 
 def gloo_mesh():

@@ -23,7 +23,7 @@ def kernel(flows, gap, stall, rel=1e-3, abs_bytes=4096, earliest=None, merge=Non
     early = None if earliest is None else np.array([x for e in earliest for x in e], np.int64)
     out = segment_rows(row_ptr, ep, by, op_ptr, need, gap=gap, stall=stall, rel_tolerance=rel,
                        abs_tolerance=abs_bytes, earliest=early, merge=merge, rx=rx, burst_rx=burst_rx,
-                       burst_need=burst_need)
+                       fills=need >= burst_need)
     res = []
     for f in range(len(flows)):
         ops = [(int(out.start[k]), int(out.end[k]), int(out.act[k]), int(out.vol[k]), int(out.status[k]))
@@ -37,7 +37,8 @@ def check(flows, gap=3, stall=1000, rel=1e-3, abs_bytes=4096, earliest=None, mer
     got = kernel(flows, gap, stall, rel, abs_bytes, earliest, merge, burst_rx, burst_need)
     for f, ((rows, need), g) in enumerate(zip(flows, got, strict=True)):
         early = None if earliest is None else earliest[f]
-        want = reference(rows, need, gap, stall, rel, abs_bytes, early, merge, burst_rx, burst_need)
+        want = reference(rows, need, gap, stall, rel, abs_bytes, early, merge, burst_rx,
+                         [x >= burst_need for x in need])
         assert g == want, (rows, need, early)
     return got
 
@@ -337,7 +338,7 @@ def _grants(flows, gap, merge, **kw):
     rx = np.array([r[2] for rs, _ in flows for r in rs], np.int64)
     need = np.array([x for _, n in flows for x in n], np.int64)
     return segment_rows(row_ptr, ep, by, op_ptr, need, gap=gap, stall=gap + 30, merge=merge, rx=rx,
-                        burst_need=1, **kw), op_ptr
+                        fills=np.ones(need.size, bool), **kw), op_ptr
 
 
 @settings(max_examples=200, deadline=None)
@@ -366,7 +367,7 @@ def test_grant_long_before_the_send_and_resumed_runs_agree():
     rxa = np.array([r[2] for r in rows], np.int64)
     need = np.array([N, N, N], np.int64)
     full = segment_rows(np.array([0, ep.size]), ep, by, np.array([0, 3]), need, gap=3, stall=500, rx=rxa,
-                        burst_rx=512, burst_need=1)
+                        burst_rx=512, fills=np.ones(3, bool))
     assert full.start.tolist() == [50, 70, 230]
     assert full.grant.tolist() == [10, 60, 200]
     from pulse.segmentation.kernel import pack_rows
@@ -374,13 +375,14 @@ def test_grant_long_before_the_send_and_resumed_runs_agree():
     thr, slack = volume_bounds(need, 1e-3, 4096)
     for cut in range(1, ep.size):
         part = run_kernel(np.array([0, cut]), ep[:cut], packed[:cut], np.array([0, 3]), need, thr, slack,
-                          gap=3, stall=500, watermark=np.array([ep[cut]]), final=False, burst_rx=512, burst_need=1)
+                          gap=3, stall=500, watermark=np.array([ep[cut]]), final=False, burst_rx=512,
+                          fills=np.ones(3, bool))
         k = int(part.next_op[0])
         assert part.grant[:k].tolist() == full.grant[:k].tolist(), cut
         c = int(part.consumed[0])
         rest = run_kernel(np.array([0, ep.size - c]), ep[c:], packed[c:], np.array([0, 3 - k]), need[k:], thr[k:],
                           slack[k:], gap=3, stall=500, carry_in=np.array([part.carry[0]]), burst_rx=512,
-                          burst_need=1, grant_in=part.grant_next)
+                          fills=np.ones(3 - k, bool), grant_in=part.grant_next)
         assert rest.grant.tolist() == full.grant[k:].tolist(), cut
 
 
@@ -422,20 +424,22 @@ def test_crossing_epoch_split_resumed_runs_agree():
     need = np.array([N, N, N], np.int64)
     earliest = np.array([0, 1, 30], np.int64)
     thr, slack = volume_bounds(need, 1e-3, 4096)
-    kw = dict(gap=3, stall=500, burst_rx=512, burst_need=1)
-    full = run_kernel(np.array([0, ep.size]), ep, packed, np.array([0, 3]), need, thr, slack, earliest=earliest, **kw)
+    kw = dict(gap=3, stall=500, burst_rx=512)
+    full = run_kernel(np.array([0, ep.size]), ep, packed, np.array([0, 3]), need, thr, slack, earliest=earliest,
+                      fills=np.ones(3, bool), **kw)
     assert full.start.tolist() == [0, 2, 41] and full.vol.tolist() == [N, N, N]
     for cut in range(1, ep.size):
         for wm in range(int(ep[cut - 1]) + 1, int(ep[cut]) + 1):
             part = run_kernel(np.array([0, cut]), ep[:cut], packed[:cut], np.array([0, 3]), need, thr, slack,
-                              watermark=np.array([wm]), final=False, earliest=earliest, **kw)
+                              watermark=np.array([wm]), final=False, earliest=earliest, fills=np.ones(3, bool),
+                              **kw)
             k = int(part.next_op[0])
             for name in ("start", "end", "act", "vol", "status", "grant"):
                 assert getattr(part, name)[:k].tolist() == getattr(full, name)[:k].tolist(), (cut, wm, name)
             c = int(part.consumed[0])
             rest = run_kernel(np.array([0, ep.size - c]), ep[c:], packed[c:], np.array([0, 3 - k]), need[k:],
                               thr[k:], slack[k:], carry_in=np.array([part.carry[0]]), earliest=earliest[k:],
-                              grant_in=part.grant_next, **kw)
+                              grant_in=part.grant_next, fills=np.ones(3 - k, bool), **kw)
             for name in ("start", "end", "act", "vol", "status", "grant"):
                 assert getattr(rest, name).tolist() == getattr(full, name)[k:].tolist(), (cut, wm, name)
 
@@ -451,6 +455,6 @@ def test_a_send_that_never_started_keeps_the_grant_its_receiver_sent():
     rx = np.array([r[2] for r in rows], np.int64)
     need = np.array([600_000, 600_000, 600_000], np.int64)
     out = segment_rows(np.array([0, ep.size]), ep, by, np.array([0, 3]), need, gap=3, stall=500, rx=rx,
-                       burst_rx=512, burst_need=1)
+                       burst_rx=512, fills=np.ones(3, bool))
     assert out.start.tolist() == [5, -1, -1]
     assert out.grant.tolist() == [-1, 40, -1]
