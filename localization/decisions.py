@@ -124,7 +124,8 @@ class DecisionBook:
         # Hypotheses only change when some window holds evidence (or an incident may clear).
         if not (ev.busy() or self.open):
             self._hyps, self._hyps_at = {}, None
-        elif final or self._hyps_at is None or ev.last_end_ns - self._hyps_at >= p.hypotheses_every_ns:
+        elif (final or self._hyps_at is None or ev.last_end_ns - self._hyps_at >= p.hypotheses_every_ns
+              or ev.stops.settled()):
             self._hyps, self._hyps_at = hypotheses(), ev.last_end_ns
         hyps = self._hyps
         for key, inc in hyps.items():

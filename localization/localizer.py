@@ -267,6 +267,7 @@ class Localizer:
         """Observe one closed operator, add what it shows to the evidence, then decide."""
         ev, p = self.ev, self.p
         ordered = [recs[r] for r in sorted(recs)]
+        ev.stops.note_judged(comm, seq, [r.node for r in ordered])
         view = self._view(comm, seq, ordered)
         if view.kind != GROUPED:
             for r, pe in zip(ordered, view.peer_eps, strict=True):

@@ -37,6 +37,13 @@ class StopEvidence:
         """Nodes whose sends of a grouped operator (all-to-all) completed while another
         member's stalled: the operator is done for a rank only once every peer's bytes have
         arrived, so they wait in it, whatever their own record says."""
+        self.unjudged: dict[str, set[tuple[str, int]]] = {}
+        """node -> (comm, seq) of its incomplete records whose operators are not judged yet:
+        the node is in them, and whether it stalled there is not known yet."""
+        self.deferred = False
+        """The stop rules waited for such records (:func:`.rules.stops.stop_hypotheses`):
+        once none is left they are asked again at once, not at the next time the
+        hypotheses are due (after a hang the trace time stops moving)."""
         self.lone: dict[tuple[str, int], str] = {}
         """(comm, seq) of grouped operators in which one member's record stalled while every
         other member's completed -> that member's node."""
@@ -60,8 +67,24 @@ class StopEvidence:
         if e.t_host_ns is not None and e.rank is not None:
             self.last_recv[key] = (e.seq, e.rank, e.t_host_ns)
 
+    def settled(self) -> bool:
+        """Whether the stop rules waited and nothing is in flight any more."""
+        return self.deferred and not any(self.unjudged.values())
+
+    def in_flight(self) -> set[str]:
+        """Nodes with an incomplete record of an operator not judged yet."""
+        return {n for n, ops in self.unjudged.items() if ops}
+
+    def note_judged(self, comm: str, seq: int, nodes: list[str]) -> None:
+        for n in nodes:
+            ops = self.unjudged.get(n)
+            if ops:
+                ops.discard((comm, seq))
+
     def note_record(self, m: OpMetrics) -> None:
         self.note_issue(m.node, m.t_host_ns)
+        if not m.complete:
+            self.unjudged.setdefault(m.node, set()).add((m.comm_id, m.seq))
         if m.kind in P2P:
             self.p2p_seen[m.comm_id] = max(self.p2p_seen.get(m.comm_id, -1), m.seq)
             if m.complete:

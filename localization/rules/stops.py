@@ -366,6 +366,16 @@ def _one_cycle(recs: list[Finding], by_ep: dict[str, Finding]) -> bool:
 def stop_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     """compute-stop when the first absences name a node, else network-stop once a stalled
     record sent at most ``stop_frac`` of its bytes."""
+    ev.stops.deferred = False
     if not ev.stops.stalls and not ev.stops.absent:
+        return {}
+    ev.stops.deferred = bool(ev.stops.in_flight())
+    if ev.stops.deferred:
+        # Some node's incomplete record waits for its operator's other records: whether it
+        # stalled there - stuck, not the stop - is not known yet, and the first stalls and
+        # absences read without it name the wrong end (sweep 307 #21, a GPU hung on node-00
+        # under MoE: node-04, stuck in its stage's all-to-all with node-00 and so absent
+        # from its pipeline send, was named first; the all-to-all, waiting for node-00's
+        # record, was judged stalled only later)
         return {}
     return compute_stop(ev, p) or network_stop(ev, p)

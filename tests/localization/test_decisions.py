@@ -91,3 +91,31 @@ def test_a_finding_that_marks_several_links_is_shown_and_counted_once():
     e = anomaly("j", ev, inc).evidence
     assert [(f["seq"], f["node"]) for f in e["findings"]] == [(0, "a"), (1, "a"), (2, "a")]
     assert e["rule"] == {ACT: 4} and e["outlier_ops"] == 3
+
+
+def test_the_hypotheses_are_asked_again_once_the_stop_rules_have_nothing_in_flight():
+    # after a hang the trace time stops moving, so "every hypotheses_every_ns" never comes
+    # again: stop rules that waited for an incomplete record's operator are asked as soon
+    # as it was judged (sweep 311 #0, a dead NIC: otherwise no verdict at all)
+    from pulse.localization.decisions import DecisionBook
+
+    from .findings import evidence, observe
+
+    ev, p = evidence()
+    book = DecisionBook(p)
+    observe(ev, ep("x"), ep("y"), [True] * 4)  # evidence held: hypotheses are asked
+    asked = []
+
+    def hyps():
+        asked.append(1)
+        return {}
+    book.decide(ev, {"a"}, "j", False, hyps)
+    book.decide(ev, {"a"}, "j", False, hyps)
+    assert len(asked) == 1  # not due yet
+    ev.stops.unjudged["a"] = {("c", 3)}
+    ev.stops.deferred = True
+    book.decide(ev, {"a"}, "j", False, hyps)
+    assert len(asked) == 1  # still in flight
+    ev.stops.note_judged("c", 3, ["a"])
+    book.decide(ev, {"a"}, "j", False, hyps)
+    assert len(asked) == 2

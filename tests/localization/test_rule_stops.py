@@ -69,6 +69,21 @@ def test_an_absent_node_that_is_itself_stuck_is_not_compute_stop():
     assert stop_hypotheses(ev, p) == {}
 
 
+def test_no_stop_is_named_while_a_nodes_incomplete_record_waits_for_its_operator():
+    # sweep 307 #21, a GPU hung on node-00 under MoE: node-04, stuck in its stage's
+    # all-to-all with node-00 (its record incomplete, the operator waiting for node-00's)
+    # and so absent from its pipeline send, was named before that all-to-all was judged
+    ev, p = evidence()
+    ev.stops.stalls.append(stall(A, B, sent=0.9))
+    ev.stops.absent.append(absent(D))
+    stuck = dataclasses.replace(synth.record("a2a", 7, 1, 3, kind="GroupP2P", nranks=4, start=9 * MS, end=10 * MS,
+                                             t_host=9 * MS, nic="mlx5_0"), complete=False)
+    ev.stops.note_record(stuck)
+    assert stuck.node == D and stop_hypotheses(ev, p) == {}
+    ev.stops.note_judged("a2a", 7, [C, D])
+    assert list(stop_hypotheses(ev, p)) == [("compute-stop", (D,))]
+
+
 def test_a_rank_whose_all_to_all_sends_went_out_still_waits_for_a_stalled_peers_bytes():
     # sweep 113 #19: A's NIC died at the end of an all-to-all; D's own sends in it completed,
     # but D never got A's bytes, so D never started the next all-to-all its peers are
