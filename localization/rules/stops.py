@@ -202,8 +202,11 @@ def compute_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
 def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     """The node (or the two ends) where the traffic stopped first."""
     stalls = ev.stops.stalls
-    if not any(f.value <= p.stop_frac for f in stalls):
+    if not stalls:
         return {}
+    # A stalled record that sent most of its bytes may be a victim waiting on a peer; only
+    # one that stopped early, or a lone stall in an all-to-all (below), says a link died.
+    stopped = any(f.value <= p.stop_frac for f in stalls)
     # Each stalled record implicates its node and the peers it could not finish
     # sending to; the node on the most stalled links is where the traffic stopped.
     # Only the first stalls say where the traffic stopped: a stop hangs the job, and
@@ -239,7 +242,7 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
         stalls = granted
     t0 = min(f.end_ns for f in stalls)
     first = [f for f in stalls if f.end_ns <= t0 + p.stall_first_ns]
-    dead = silent_since_issue(ev, stalls)
+    dead = silent_since_issue(ev, stalls) if stopped else None
     if dead is not None:
         node, own = dead
         return {("network-stop", (node,)): make_hypothesis(
@@ -252,12 +255,17 @@ def network_stop(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
         # stopped with its peers' going on, and the victims' stalls came after (sweep 271
         # #22: node-04's NIC dead mid all-to-all at 92 % sent, its 7 peers done; their next
         # all-to-all stalled 3.5 ms later, absent node-04, and every node tied on those
-        # links: no verdict on a hung job).
+        # links: no verdict on a hung job). However much it had sent: a NIC that dies on
+        # an all-to-all's last flows leaves every record above stop_frac, the lone one
+        # included (sweep 311 #2, a dead NIC under MoE in a 16-node tree: node-14's records
+        # at 95 %, its peers' next all-to-all at 75-78 %, and the hung job got no verdict).
         node = lone.pop()
         own = [f for f in first if f.node == node] or first
         return {("network-stop", (node,)): make_hypothesis(
             p, "network-stop", "node", (node,), own,
             extra={"alone_stalled_in": sorted({f"{f.comm_id}#{f.seq}" for f in own})[:8]})}
+    if not stopped:
+        return {}
     sets = [({f.node} | {node_of(e) for e in f.peer_eps}) for f in first]
     hits = Counter(n for s in sets for n in s)
     # ties between a sender and its receiver: the node that sent the least (its own

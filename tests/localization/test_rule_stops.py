@@ -458,3 +458,23 @@ def test_the_one_member_stalled_in_an_all_to_all_its_peers_completed_is_the_stop
     ev.stops.stalls.append(stall(E, B, end=500 * MS))
     ev.stops.note_grouped([grouped(A, False), grouped(B, False), grouped(C, True), grouped(D, True)], {A, B})
     assert stop_hypotheses(ev, p) == {}
+
+
+def test_a_lone_stall_in_an_all_to_all_names_its_member_however_much_it_had_sent():
+    # sweep 311 #2, a NIC dead under MoE in a 16-node tree: node-14's all-to-all records
+    # stalled at 95 % while every peer's completed, the peers' next all-to-all stalled at
+    # 75-78 % (absent node-14); no record at or below stop_frac, and the hung job got no verdict
+    ev, p = evidence()
+    recs = [dataclasses.replace(synth.record("a2a", 5, r, r, kind="GroupP2P", nranks=4, start=0, end=MS, t_host=0,
+                                             nic="mlx5_0"), complete=r != 3) for r in range(4)]
+    ev.stops.note_grouped(recs, {D})
+    own = dataclasses.replace(stall(D, A, sent=0.95, end=MS), comm_id="a2a", seq=5)
+    victims = [dataclasses.replace(stall(x, B, sent=0.77, end=2 * MS), comm_id="a2a", seq=6) for x in (A, B, C)]
+    ev.stops.stalls += [own, *victims]
+    ev.stops.absent.append(dataclasses.replace(absent(D, start=2 * MS, seq=6), comm_id="a2a"))
+    assert recs[3].node == D
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (D,))]
+    # the same stalls without the lone one: victims above stop_frac name nobody
+    ev2, p2 = evidence()
+    ev2.stops.stalls += victims
+    assert stop_hypotheses(ev2, p2) == {}
