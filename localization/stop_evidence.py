@@ -69,11 +69,11 @@ class StopEvidence:
 
     def settled(self) -> bool:
         """Whether the stop rules waited and nothing is in flight any more."""
-        return self.deferred and not any(self.unjudged.values())
+        return self.deferred and not self.in_flight()
 
-    def in_flight(self) -> set[str]:
-        """Nodes with an incomplete record of an operator not judged yet."""
-        return {n for n, ops in self.unjudged.items() if ops}
+    def in_flight(self) -> bool:
+        """Whether some node has an incomplete record of an operator not judged yet."""
+        return any(self.unjudged.values())
 
     def note_judged(self, comm: str, seq: int, nodes: list[str]) -> None:
         for n in nodes:

@@ -360,7 +360,7 @@ def algo_steps(kind: str, algo: str, nranks: int) -> int:
     structure: a ring AllReduce hands on 2 (n - 1) pieces (reduce-scatter, then all-gather),
     an AllGather or a ReduceScatter n - 1, each its own message however small; the rest
     (trees, broadcasts, point-to-point) one, their bytes cut into messages of at most a
-    slot's size (:func:`.kernel.slot_fills`)."""
+    slot's size (:meth:`.params.SegmentParams.slot_fills`)."""
     if algo != "ring" or nranks < 2:
         return 1
     if kind == "AllReduce":

@@ -9,7 +9,7 @@ import numpy as np
 from pulse.segmentation import metrics as _metrics
 from pulse.segmentation.association import Association, FlowKey, OpKey, associate
 from pulse.segmentation.gather import active_epochs, gather
-from pulse.segmentation.kernel import COMPLETE, run_kernel, slot_fills, volume_bounds
+from pulse.segmentation.kernel import COMPLETE, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, collect
 
@@ -108,7 +108,7 @@ def _run(batches: Iterable[EpochBatch], assoc: Association, params: SegmentParam
                 if flows else empty)
     thr, slack = volume_bounds(need, params.rel_tolerance, params.abs_tolerance)
     steps = np.concatenate([assoc.flow_op_steps(f) for f in flows]) if flows else empty
-    fills = slot_fills(need, steps, params.cts_slots, params.step_bytes)
+    fills = params.slot_fills(need, steps)
     flow_epoch = np.array([clocks[f[0]].epoch_ns for f in flows], np.int64)
     # The stall horizon is in epochs of each node's grid; nodes share one epoch length in
     # practice, but keep it exact by running per distinct epoch length.

@@ -452,7 +452,7 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
 
     ``nbytes`` are packed rows (``pack_rows``). ``burst_rx`` > 0 enables the CTS-burst rule
     for every operator followed by one that ``fills`` every receive slot at its start
-    (per operator slot, :func:`slot_fills`; None: none does): the
+    (per operator slot, :meth:`.params.SegmentParams.slot_fills`; None: none does): the
     receiver of a send flow starts an operator by granting all its slots at once (NCCL
     posts NCCL_STEPS receives, each a CTS back to the sender: >= ``burst_rx`` rx bytes in
     one epoch on the send flow), and the sender cannot put a byte of that operator on the
@@ -487,20 +487,6 @@ def run_kernel(row_ptr: np.ndarray, epochs: np.ndarray, nbytes: np.ndarray, op_p
             i64(burst_rx), full, gin, out.start, out.end, out.act, out.vol, out.status, out.grant,
             out.consumed, out.carry, out.next_op, out.extra, out.grant_next)
     return out
-
-
-def slot_fills(need: np.ndarray, steps: np.ndarray, slots: int, slot_bytes: int) -> np.ndarray:
-    """Per operator slot, whether the operator sends ``slots`` messages or more on its flow:
-    at least ``steps`` (its algorithm's, :func:`.association.algo_steps`) and at least
-    ``need`` / ``slot_bytes`` (the most one message carries). Then its receiver posts every
-    slot at its start, a CTS burst the CTS-burst rule waits for. Counted by bytes alone, a
-    ring AllReduce of small buckets passed for one that leaves slots unposted: its 24
-    pieces of 80 KiB on a 13-rank ring (sweep 293 #10) never waited for the burst, and back
-    to back under congestion each operator took its successor's first piece, from then on
-    one piece off in every operator."""
-    need = np.asarray(need, np.int64)
-    msgs = np.maximum(np.asarray(steps, np.int64), -(-need // max(int(slot_bytes), 1)))
-    return msgs >= slots
 
 
 def volume_bounds(need: np.ndarray, rel: float, abs_bytes: int) -> tuple[np.ndarray, np.ndarray]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from pulse.errors import PulseError
 
 
@@ -85,12 +87,24 @@ class SegmentParams:
     """Largest message one slot carries (NCCL SIMPLE: 4 MiB buffer / 8 steps). Only an
     operator that sends >= cts_slots messages on the flow - by its bytes, or by its
     algorithm's steps - surely fills every slot at its start, so only such operators are
-    waited for (:func:`.kernel.slot_fills`)."""
+    waited for (:meth:`slot_fills`)."""
 
     @property
     def burst_rx(self) -> int:
         return self.cts_bytes * self.cts_slots
 
+    def slot_fills(self, need: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Per operator slot, whether the operator sends ``cts_slots`` messages or more on
+        its flow: at least ``steps`` (its algorithm's, :func:`.association.algo_steps`) and
+        at least ``need`` / ``step_bytes`` (the most one message carries). Then its receiver
+        posts every slot at its start, a CTS burst the CTS-burst rule waits for. Counted by
+        bytes alone, a ring AllReduce of small buckets passed for one that leaves slots
+        unposted: its 24 pieces of 80 KiB on a 13-rank ring (sweep 293 #10) never waited for
+        the burst, and back to back under congestion each operator took its successor's
+        first piece, from then on one piece off in every operator."""
+        need = np.asarray(need, np.int64)
+        msgs = np.maximum(np.asarray(steps, np.int64), -(-need // max(self.step_bytes, 1)))
+        return msgs >= self.cts_slots
 
     def __post_init__(self) -> None:
         checks = (

@@ -32,7 +32,7 @@ from pulse.segmentation.flows import RECV, SEND, UNBOUND, FlowTable
 from pulse.segmentation.frontier import Frontiers
 from pulse.segmentation.gather import active_epochs, gather
 from pulse.segmentation.ingest import _ingest_kernel
-from pulse.segmentation.kernel import FAR, OPEN, run_kernel, slot_fills, volume_bounds
+from pulse.segmentation.kernel import FAR, OPEN, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, batch_rows, check_epoch, nic_rows
 from pulse.segmentation.rowstore import merge_rows
@@ -376,7 +376,7 @@ class NodeSegmenter:
                          merge=self.params.merge_epochs(clock.epoch_ns), watermark=wm, final=final,
                          carry_in=None, earliest=clock.earliest_epoch(s.issue[sidx]),
                          burst_rx=self.params.burst_rx,
-                         fills=slot_fills(need, s.steps[sidx], self.params.cts_slots, self.params.step_bytes),
+                         fills=self.params.slot_fills(need, s.steps[sidx]),
                          grant_in=fl.grant[fids])
         fl.grant[fids] = out.grant_next
         # closed slots: every slot before the flow's next open one

@@ -377,7 +377,7 @@ def stop_hypotheses(ev: Evidence, p: LocalizeParams) -> dict[Key, Hypothesis]:
     ev.stops.deferred = False
     if not ev.stops.stalls and not ev.stops.absent:
         return {}
-    ev.stops.deferred = bool(ev.stops.in_flight())
+    ev.stops.deferred = ev.stops.in_flight()
     if ev.stops.deferred:
         # Some node's incomplete record waits for its operator's other records: whether it
         # stalled there - stuck, not the stop - is not known yet, and the first stalls and

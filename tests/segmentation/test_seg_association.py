@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pulse.segmentation.association import algo_steps, associate
 from pulse.segmentation.batch import segment_flows
-from pulse.segmentation.kernel import slot_fills
+from pulse.segmentation.params import SegmentParams
 from segbuilder import TraceBuilder
 
 S = 8_000_000
@@ -197,7 +197,8 @@ def test_each_flow_op_carries_its_algorithms_fewest_messages():
 def test_an_operator_fills_every_slot_by_its_messages_or_its_bytes():
     need = np.array([2 << 20, 2 << 20, 4 << 20, 1 << 20])
     steps = np.array([24, 1, 1, 6])
-    assert slot_fills(need, steps, 8, 512 << 10).tolist() == [True, False, True, False]
+    assert SegmentParams().slot_fills(need, steps).tolist() == [True, False, True, False]
+    assert SegmentParams(cts_slots=4).slot_fills(need, steps).tolist() == [True, True, True, True]
 
 
 def gloo_mesh():

@@ -301,6 +301,16 @@ def test_bad_input_is_a_clear_error(bad):
                      np.array([0, 1]), np.array([10]), gap=3, stall=10)
 
 
+@pytest.mark.parametrize("fills", [np.ones(2, bool), np.array([0.5]), np.array(["yes"])])
+def test_fills_must_be_a_flag_per_operator_slot(fills):
+    with pytest.raises(SegmentationError, match="fills"):
+        segment_rows(np.array([0, 1]), np.array([0]), np.array([10]), np.array([0, 1]), np.array([10]),
+                     gap=3, stall=10, burst_rx=512, fills=fills)
+    with pytest.raises(SegmentationError, match="burst_rx"):
+        segment_rows(np.array([0, 1]), np.array([0]), np.array([10]), np.array([0, 1]), np.array([10]),
+                     gap=3, stall=10, burst_rx=-1)
+
+
 def test_bad_need_and_gap():
     with pytest.raises(SegmentationError):
         segment_rows(np.array([0, 0]), np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([0, 1]),
