@@ -19,6 +19,14 @@ Physical facts relied on:
   own recent epochs, which a cap pins - are taken as capped, and only when their drop is
   their own (well below the operator's median drop: a whole job that changes its buckets
   changes every ceiling alike).
+* A cap is told from a pace set upstream by its flatness (below), which a record shows only
+  over :data:`.finding.FLAT_EPOCHS` active epochs or more: shorter records do not enter the
+  recent ceiling. Sweep 293 #10: 3.9 MB ring sends of 2-3 epochs at 128 us, paced by switch
+  congestion elsewhere in the ring; node-00's busiest epochs each held half its bytes, 0.61
+  of its baseline and the lowest of the ring, its few longer records in bursts (1.3-2.1 of
+  the flat bound) but too few to veto, and it was named network-slow. A cap stretches the
+  records it holds, so at a rate that matters they show it; where they stay that short, the
+  timing rules judge them.
 * A NIC held to a rate is also flat within a record: every active epoch but its first and
   last carries the same bytes, so its busiest epoch is at most n / (n - 2) of its mean
   active epoch; a NIC fed in bursts by late posts goes past that (:meth:`Ceilings.slow_burst`,
@@ -35,7 +43,7 @@ from collections.abc import Callable
 from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
-from .finding import burst_of
+from .finding import burst_of, flatness_known
 from .params import LocalizeParams
 from .robust import median
 
@@ -101,6 +109,8 @@ class Ceilings:
             base = self._base.setdefault(key, [])
             if len(base) < p.late_base_ops:
                 base.append(pk)
+                continue
+            if not flatness_known(r.act_ns, r.epoch_ns):
                 continue
             rec = self._recent.get(key)
             if rec is None:

@@ -91,11 +91,25 @@ class Finding:
                 "metric": self.metric, "value": _round(self.value), "reference": _round(self.peers)}
 
 
+FLAT_EPOCHS = 4
+"""Active epochs from which a record's flatness can be judged: its first and last epochs may
+be partial, so its busiest epoch is compared with its mean over the others, and the bound a
+NIC held to one rate shows, n / (n - 2) for n active epochs, is 2 at four and 3 at three (any
+shape passes). With fewer, a NIC held to a cap and one forwarding what its input hands it at a
+lower pace look alike; with two, no epoch need even lie wholly inside the transfer."""
+
+
+def flatness_known(act_ns: float, epoch_ns: float) -> bool:
+    """Whether a record active ``act_ns`` spans ``FLAT_EPOCHS`` epochs or more."""
+    return epoch_ns > 0 and act_ns > (FLAT_EPOCHS - 1) * epoch_ns
+
+
 def burst_of(peak_bytes: float | None, volume_bytes: float, act_ns: float, epoch_ns: float) -> float:
-    """:attr:`Finding.burst` of a record (NaN under 4 active epochs or without its peak)."""
-    n = act_ns / epoch_ns if epoch_ns > 0 else 0.0
-    if peak_bytes is None or peak_bytes <= 0 or n <= 3 or volume_bytes <= 0:
+    """:attr:`Finding.burst` of a record (NaN under ``FLAT_EPOCHS`` active epochs or without
+    its peak)."""
+    if peak_bytes is None or peak_bytes <= 0 or not flatness_known(act_ns, epoch_ns) or volume_bytes <= 0:
         return float("nan")
+    n = act_ns / epoch_ns
     return peak_bytes / (volume_bytes / n) / (n / (n - 2.0))
 
 

@@ -198,3 +198,32 @@ def test_paced_observations_age_a_window_and_show_neither_slowness_nor_health():
     n_recent, n_slow = w.recent(0)
     assert n_recent.tolist() == [0] and n_slow.tolist() == [0]  # not seen clean
     assert w.clean_rates(0, np.array([w.row(key)], np.int64)) == ({}, {})  # no rate shown clean
+
+
+def test_a_rank_whose_records_are_too_short_to_show_their_flatness_is_not_judged_by_its_ceiling():
+    """Sweep 293 #10: 3.9 MB ring sends of 2-3 active epochs at 128 us, paced by switch
+    congestion elsewhere in the ring; node-00's busiest epochs each held half its bytes, 0.61
+    of its baseline (a lucky record near one epoch at line rate) and below its peers', and it
+    was named network-slow. Under four active epochs a record's flatness cannot be judged,
+    so a cap cannot be told from a pace set upstream; a cap stretches its records until it
+    can (rank 1 below at 0.4 of line rate: four epochs, the two inner ones full at the cap)."""
+    p = LocalizeParams()
+    e = synth.EPOCH
+    nbytes = int(1.2 * LINE)
+
+    def op(seq: int, peaks: list[int], act1: int) -> list:
+        return [synth.record("dp0", seq, r, r, kind="AllReduce", nranks=len(peaks), start=seq * 10**7,
+                             end=seq * 10**7 + 400_000, t_host=seq * 10**7, nic="mlx5_0", peak_epoch_bytes=pk,
+                             act=act1 if r == 1 else 10 * e, nbytes=nbytes if r == 1 else 8 << 20)
+                for r, pk in enumerate(peaks)]
+
+    def last(peak1: int, act1: int) -> dict:
+        ceil = Ceilings(p)
+        ops = [op(s, [LINE] * 5, 2 * e) for s in range(p.late_base_ops)]
+        ops += [op(p.late_base_ops + s, [LINE, peak1, LINE, LINE, LINE], act1) for s in range(p.ceiling_ops)]
+        return [ceil.capped("dp0", o, [1] * 5, lambda i: False) for o in ops][-1]
+
+    # two or three active epochs, each with about half the bytes: flat or paced, unknown
+    assert last(nbytes // 2, 2 * e) == {} and last(nbytes // 2, 3 * e) == {}
+    # the same bytes held to 0.4 of line rate: four epochs, two of them whole and at the cap
+    assert last(int(0.4 * LINE), 4 * e).keys() == {1}
