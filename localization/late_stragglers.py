@@ -24,7 +24,9 @@ did not explain in some operator of the step (the compute-gap veto,
 gap). With ranks alike each is the latest of a step 1/n of the time; a rank that is the
 latest in as many of the last ``late_straggler_steps`` steps as keeps the binomial tail,
 summed over the n ranks, below ``straggler_alpha`` is a consistent late straggler of that
-communicator (:func:`.stragglers.consistent_count`; 4 to 8 ranks, 8 steps: 8 to 6 of them).
+communicator (:func:`.stragglers.consistent_count`; 4 to 8 ranks, 8 steps: 8 to 6 of them),
+and so is one the latest in as many of every step kept (up to ``LONG_WINDOWS`` x 8: 12 to 9
+of 16), where a step or two that noise gave another rank leaves room.
 
 A step counts only when the latest arrival's largest rise in it reaches one sigma of the
 job's healthy spread (a lateness healthy noise gives one arrival in six), an epoch's
@@ -77,6 +79,17 @@ def step_split(iv: np.ndarray) -> tuple[float, float]:
         return 0.0, float(np.median(iv))
     boundary = math.exp((lo + hi) / 2)
     return boundary, float(np.median(iv[iv > boundary]))
+
+
+LONG_WINDOWS = 2
+"""The longer window of the consistency test, in ``late_straggler_steps``: with three or four
+ranks every step of the short window must be the straggler's (a chance of 1/4 per step
+leaves no room at 1e-3), so one step that healthy noise or the fault's own rhythm gave to
+another rank hides it for as long as that step stays in the window - the lab's rank at 0.18
+of a core the latest of 7 of the 8 last steps, 8 of the 9 it was judged in, and missed. Over
+every step kept (up to twice as many) the tail leaves room for such steps (8 of 9, 12 of
+16 at four ranks; 9 of 16 at eight). Each window is tested at ``straggler_alpha``; nested,
+the chance that either passes by luck stays under twice that."""
 
 
 class _Step:
@@ -165,8 +178,9 @@ class LateStragglers:
             self.step_no.pop(comm, None)
             return
         self.step_no[comm] = self.step_no.get(comm, 0) + bool(opens)
-        wins = self._wins.setdefault(comm, deque(maxlen=self.p.late_straggler_steps))
-        wins_any = self._wins_any.setdefault(comm, deque(maxlen=self.p.late_straggler_steps))
+        keep = LONG_WINDOWS * self.p.late_straggler_steps
+        wins = self._wins.setdefault(comm, deque(maxlen=keep))
+        wins_any = self._wins_any.setdefault(comm, deque(maxlen=keep))
         if opens:
             b = self._step.pop(comm, None)
             if b is not None and len(b.rises) >= 2:
@@ -206,9 +220,9 @@ class LateStragglers:
                     b.unexplained.add(r.rank)
                     b.anyway.add(r.rank)
         current = [self._winner(b)] if len(b.rises) >= 2 else []
-        self._judge(comm, [*wins, *current][-self.p.late_straggler_steps:])
+        self._judge(comm, [*wins, *current][-keep:])
         now = [self._latest(b)] if len(b.rises) >= 2 else []
-        self._judge_latest(comm, [*wins_any, *now][-self.p.late_straggler_steps:])
+        self._judge_latest(comm, [*wins_any, *now][-keep:])
 
     @staticmethod
     def _winner(b: _Step) -> tuple[int, Finding | None]:
@@ -225,40 +239,47 @@ class LateStragglers:
         """The step's latest arrival by its own doing, whatever its lateness cost (-1: none clear)."""
         return _top(b, b.anyway)
 
-    def _needed(self, comm: str, wins: int) -> int | None:
-        """Steps of the window one rank must be the latest in (None: too few steps or ranks
-        yet, or no count is enough)."""
+    def _tests(self, comm: str, wins: int) -> list[tuple[int, int]]:
+        """(steps, count) per window to test: the last ``late_straggler_steps`` steps, and
+        every step kept (up to ``LONG_WINDOWS`` times as many), each with the count of them
+        one rank must be the latest in (none while too few steps or ranks are known, or
+        where no count is enough)."""
         n = self._nranks.get(comm, 0)
         window = self.p.late_straggler_steps
         if wins < window or n < 2:
-            return None
-        k = consistent_count(n, window, self.p.straggler_alpha)
-        return k if k <= window else None
+            return []
+        out = []
+        for size in sorted({window, wins}):
+            k = consistent_count(n, size, self.p.straggler_alpha)
+            if k <= size:
+                out.append((size, k))
+        return out
 
     def _judge_latest(self, comm: str, wins: list[int]) -> None:
         self.latest.pop(comm, None)
-        k = self._needed(comm, len(wins))
-        if k is None:
-            return
-        for rank in set(wins) - {-1}:
-            if wins.count(rank) >= k:
-                self.latest[comm] = self._rank_node[(comm, rank)]
+        for size, k in self._tests(comm, len(wins)):
+            last = wins[-size:]
+            for rank in set(last) - {-1}:
+                if last.count(rank) >= k:
+                    self.latest[comm] = self._rank_node[(comm, rank)]
 
     def _judge(self, comm: str, wins: list[tuple[int, Finding | None]]) -> None:
         self.consistent.pop(comm, None)
-        k = self._needed(comm, len(wins))
-        if k is None:
+        tests = self._tests(comm, len(wins))
+        if not tests:
             return
         for node in self._nodes.get(comm, ()):
             self.judged.setdefault(node, set()).add(comm)
-        counts: dict[int, int] = {}
-        for rank, _ in wins:
-            if rank >= 0:
-                counts[rank] = counts.get(rank, 0) + 1
-        for rank, c in counts.items():
-            if c >= k:
-                mine = [f for r, f in wins if r == rank and f is not None]
-                self.consistent[comm] = (mine[0].node, mine)
+        for size, k in tests:
+            last = wins[-size:]
+            counts: dict[int, int] = {}
+            for rank, _ in last:
+                if rank >= 0:
+                    counts[rank] = counts.get(rank, 0) + 1
+            for rank, c in counts.items():
+                if c >= k and comm not in self.consistent:
+                    mine = [f for r, f in last if r == rank and f is not None]
+                    self.consistent[comm] = (mine[0].node, mine)
 
     def nodes(self, comm_frac: float) -> dict[str, list[Finding]]:
         """node -> its findings, for nodes that are consistent late stragglers in at least

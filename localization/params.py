@@ -270,7 +270,8 @@ class LocalizeParams:
     """Steps of a communicator over which a rank that arrives last at most of them is a
     consistent late straggler (:mod:`.late_stragglers`), at ``straggler_alpha``: 3 or 4
     ranks must be the latest in all 8, 8 ranks in 6 of 8; two ranks cannot show one this
-    way (each is the later one half the time)."""
+    way (each is the later one half the time). Every step kept, up to twice as many, is
+    tested as well (:data:`.late_stragglers.LONG_WINDOWS`: 4 ranks 12 of 16)."""
     late_step_frac: float = 0.05
     """...and its lateness in each of those steps at least this fraction of the step
     period: a straggler found by consistency alone is named when it costs the job a
