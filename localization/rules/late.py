@@ -229,6 +229,14 @@ def late_hypotheses(ev: Evidence, p: LocalizeParams, explained: set[str],
     # Not an all-to-all's: its late peers may be late issuers themselves (their receives
     # held its sends), which this would excuse.
     waits_on_rail = {node_of(e) for f, _m in ev.rail.records if f.metric != GROUPED_RAIL_METRIC for e in f.peer_eps}
+    # ... and so is every stage of the receivers' pipeline chains: a stalled pipeline link
+    # delays the stages after it as a straggler does (sweep 337 #13: a NIC of node-00 in
+    # stage 0 of 4 flapping, its link with node-04 rail-late both ways and neither end
+    # named - nothing on the wire said which end stopped - while node-08, two stages on in
+    # the same chain, arrived ~23 ms late into its data-parallel operators and was named
+    # compute-slow). A compute straggler's own sends are late on every NIC alike, never
+    # rail-late, so this excuses no straggler by its own doing.
+    waits_on_rail |= waits_on(ev, waits_on_rail)
     waits_on_link = beside_slowed_links(ev)
     min_fill = int(p.late_min_fill * p.late_window)
     per_node: dict[str, list[tuple[float, bool, list[Finding]]]] = defaultdict(list)

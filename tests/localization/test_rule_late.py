@@ -213,6 +213,30 @@ def test_a_node_whose_receives_from_one_rail_stall_waits_for_them():
     assert late_hypotheses(ev, p, set(), set()) == {}
 
 
+def test_the_pipeline_chain_of_a_rail_late_link_waits_for_it():
+    # Sweep 337 #13: a NIC of node-00 in stage 0 of 4 flapping; its pipeline link with the
+    # stage-1 node rail-late both ways (neither end named: nothing said which end stopped);
+    # the stage-2 node of the same chain, two hops from the link, late into its
+    # data-parallel operators: waiting for the stalled link as its neighbours do
+    from pulse.localization.finding import RAIL
+
+    from .findings import ep
+
+    D = synth.node(3)
+    ev, p = evidence()
+    ev.topo.add(synth.comm_events("pp-s0", [0, 1], ["mlx5_0", "mlx5_0"], 1))
+    ev.topo.add(synth.comm_events("pp-s1", [1, 2], ["mlx5_0", "mlx5_0"], 3))
+    ev.topo.add(synth.comm_events("pp-x", [3, 4], ["mlx5_0", "mlx5_0"], 5))
+    for node in (C, D):
+        fill(ev, node, "c0")
+        fill(ev, node, "c1")
+    f = finding(RAIL, B, comm="pp-s0", endpoint=ep(B, 1), value=20 * MS, ref=0.0, metric="end_after_other_nics_ns",
+                to=(ep(A, 1),))
+    ev.rail.records.append((f, frozenset({A, B})))
+    # C (stage 2 of the link's chain) waits; D, on another chain, is still a straggler
+    assert list(late_hypotheses(ev, p, set(), set())) == [("compute-slow", (D,))]
+
+
 def test_a_node_on_a_slowed_link_of_a_node_with_more_slowed_links_waits_for_it():
     # The lab agent e2e (200 Mbit on node-02's egress): node-02's links to all three peers
     # slow, and a peer on one of them late in most of its operators - a victim
