@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pulse.events import GROUPED, CommEvent, FlowEvent, OpEvent
+from pulse.nccl_chunks import tree_chunk_bytes, tree_depth_at_least
 
 NO_TIME = np.iinfo(np.int64).min
 FlowKey = tuple[str, str, int]
@@ -46,6 +47,13 @@ class OpInfo:
     steps: int = 1
     """The fewest messages each of ``flows`` carries by the algorithm's structure (a ring
     AllReduce's 2 (n - 1) steps), however few its bytes (:func:`algo_steps`)."""
+    msg_bytes: int = 0
+    """The most one message carries where the algorithm cuts finer than a slot (a small
+    tree AllReduce: :func:`message_bytes`); 0: a slot's size."""
+
+    def steps_on(self, need: int) -> int:
+        """The fewest messages a flow carrying ``need`` bytes of this operator sends."""
+        return max(self.steps, -(-need // self.msg_bytes)) if self.msg_bytes > 0 else self.steps
 
     @property
     def expected_bytes(self) -> int:
@@ -119,7 +127,7 @@ class Association:
                 at = int(np.searchsorted(seqs, op.seq))
                 self.flow_ops[f] = (np.insert(seqs, at, op.seq), np.insert(need, at, e))
                 self.flow_issue[f] = np.insert(times, at, issued)
-                self.flow_steps[f] = np.insert(steps, at, info.steps)
+                self.flow_steps[f] = np.insert(steps, at, info.steps_on(e))
         return without
 
     def drop_ops(self, keys: Iterable[OpKey]) -> None:
@@ -370,6 +378,19 @@ def algo_steps(kind: str, algo: str, nranks: int) -> int:
     return 1
 
 
+def message_bytes(op: OpEvent, algo: str, nranks: int) -> int:
+    """The most one network message of ``op`` can carry when its algorithm cuts it finer
+    than a slot, else 0. A tree AllReduce is cut into NCCL's tree chunks, halved for small
+    operators (:func:`pulse.nccl_chunks.tree_chunk_bytes`); taken at one channel when the
+    op event does not say how many, and at the shallowest tree its ranks allow, it is the
+    largest chunk NCCL could have used: its message count a sure lower bound (sweep 313
+    #11: a 4 MiB bucket on an 8-rank tree, 2 channels, went out in 128 KiB messages, 8 per
+    flow - every slot posted at the start - where its bytes alone counted 2)."""
+    if algo != "tree" or op.kind != "AllReduce" or op.bytes <= 0:
+        return 0
+    return tree_chunk_bytes(op.bytes, op.nchannels or 1, tree_depth_at_least(nranks))
+
+
 def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
     if op.rank is None:
         return None  # held by a RankFiller until its rank is named
@@ -383,7 +404,7 @@ def _op_info(op: OpEvent, ranks: dict, comms: dict) -> OpInfo | None:
     return OpInfo(event=op, algo=algo, nranks=max(1, nranks), flows=[flows[i] for i in keep],
                   expected=[expected[i] for i in keep], ambiguous=ambiguous,
                   flow_peers=None if flow_peers is None else [flow_peers[i] for i in keep],
-                  steps=algo_steps(op.kind, algo, nranks))
+                  steps=algo_steps(op.kind, algo, nranks), msg_bytes=message_bytes(op, algo, nranks))
 
 
 def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
@@ -443,7 +464,7 @@ def associate(events: Iterable[CommEvent | FlowEvent | OpEvent]) -> Association:
         infos[okey] = info
         issued = NO_TIME if op.t_host_ns is None else op.t_host_ns
         for f, e in zip(info.flows, info.expected, strict=True):
-            per_flow[f].append((op.seq, e, issued, info.steps))
+            per_flow[f].append((op.seq, e, issued, info.steps_on(e)))
     flow_ops = {
         f: (np.array([x[0] for x in lst], np.int64), np.array([x[1] for x in lst], np.int64))
         for f, lst in per_flow.items()

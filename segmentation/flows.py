@@ -32,7 +32,9 @@ FLOW_SPEC: dict[str, tuple[type, int]] = {
     "nic": (np.int64, -1), "cr": (np.int64, -1), "state": (np.int8, UNBOUND),
     "next": (np.int64, 0), "floor": (np.int64, LOW), "dirty": (np.bool_, True),
     "wm_seen": (np.int64, LOW), "has": (np.bool_, False), "nrows": (np.int64, 0),
-    "grant": (np.int64, -1)}
+    "grant": (np.int64, -1), "cep": (np.int64, LOW), "cfull": (np.int64, 0)}
+"""Per flow; ``cep``/``cfull``: the grid epoch of the split crossing row the store holds
+with only the carried bytes (the next operator's share), and that row's whole tx bytes."""
 
 Rows = tuple[np.ndarray, np.ndarray, np.ndarray]
 """(flow id or number, grid epoch, packed bytes), int64."""

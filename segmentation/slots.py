@@ -131,7 +131,7 @@ class SlotTable:
         s.seq[sl] = np.repeat(np.array([info.event.seq for _, info in infos], np.int64), per)
         s.issue[sl] = np.repeat(np.array([NO_TIME if info.event.t_host_ns is None else info.event.t_host_ns
                                           for _, info in infos], np.int64), per)
-        s.steps[sl] = np.repeat(np.array([info.steps for _, info in infos], np.int64), per)
+        s.steps[sl] = [info.steps_on(e) for _, info in infos for e in info.expected]
         s.live[sl] = True
         for (uid, _), n in zip(infos, per.tolist(), strict=True):
             self._total[uid] += n

@@ -32,7 +32,7 @@ from pulse.segmentation.flows import RECV, SEND, UNBOUND, FlowTable
 from pulse.segmentation.frontier import Frontiers
 from pulse.segmentation.gather import active_epochs, gather
 from pulse.segmentation.ingest import _ingest_kernel
-from pulse.segmentation.kernel import FAR, OPEN, run_kernel, volume_bounds
+from pulse.segmentation.kernel import FAR, OPEN, TX_MASK, run_kernel, volume_bounds
 from pulse.segmentation.params import SegmentationError, SegmentParams, check_params
 from pulse.segmentation.rows import NicClock, batch_rows, check_epoch, nic_rows
 from pulse.segmentation.rowstore import merge_rows
@@ -390,7 +390,20 @@ class NodeSegmenter:
         if started.size:
             sr = slot_run[started]
             rep, act_ep, act_tx = active_epochs(ep, by, counts, sr, out.start[started], out.end[started])
-            self._slots.pool_epochs(s.uid[sidx[started]][rep], fids[sr][rep], act_ep, act_tx)
+            # a crossing row split by an earlier run is stored with the carried share only:
+            # an operator's busiest epoch counts the flow's whole epoch there, as wherever
+            # the runs were cut (and as the batch form)
+            rf = fids[sr][rep]
+            carried = act_ep == fl.cep[rf]
+            act_tx[carried] = fl.cfull[rf[carried]]
+            self._slots.pool_epochs(s.uid[sidx[started]][rep], rf, act_ep, act_tx)
+        split = np.flatnonzero((out.carry >= 0) & (out.consumed < row_ptr[1:]))
+        if split.size:
+            at = out.consumed[split]
+            sf_ = fids[split]
+            again = ep[at] == fl.cep[sf_]
+            fl.cfull[sf_] = np.where(again, fl.cfull[sf_], by[at] & TX_MASK)
+            fl.cep[sf_] = ep[at]
         # per flow: next seq, rows consumed, carry, floor
         self._flows.store = trim_rows(fids, row_ptr, lo, out.consumed, out.carry, out.next_op, op_ptr, seqs, ep,
                                       (sf, se, sb), fl.floor, fl.next, fl.nrows)

@@ -34,8 +34,9 @@ import numpy as np
 from pulse.sim.config import ResolvedConfig
 from pulse.sim.trees import Tree, channel_tree, double_tree
 
+from pulse.nccl_chunks import NET_STEP_BYTES, tree_chunk_bytes
+
 SLOTS = 8
-NET_STEP_BYTES = 512 * 1024
 CHUNK_STEPS = 2
 SLICE_STEPS = 2
 RING_STEP_BYTES = CHUNK_STEPS * NET_STEP_BYTES
@@ -317,16 +318,6 @@ class Builder:
             lst.clear()
         self.step_parts.append(len(self.part_op))
         self.step_prog_end.append([len(p) for p in self.programs])
-
-
-def tree_chunk_bytes(nbytes: int, nchannels: int, depth: int) -> int:
-    """NCCL's SIMPLE tree chunk: one 512 KiB step, halved while the operator would give each
-    channel too few chunks to fill the tree's pipeline."""
-    chunk = NET_STEP_BYTES
-    for per_depth, floor in ((8, 128 * 1024), (4, 64 * 1024), (1, 32 * 1024)):
-        while nbytes // (nchannels * chunk) < depth * per_depth and chunk > floor:
-            chunk //= 2
-    return chunk
 
 
 def _tree_sizes(nbytes: int, nchannels: int, depth: int) -> np.ndarray:
