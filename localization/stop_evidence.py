@@ -46,15 +46,17 @@ class StopEvidence:
         hypotheses are due (after a hang the trace time stops moving)."""
         self.lone: dict[tuple[str, int], str] = {}
         """(comm, seq) of grouped operators in which one member's record stalled while every
-        other member's completed -> that member's node."""
+        other member's completed, or finished with every peer but that member -> that
+        member's node."""
 
     def note_grouped(self, ordered: list[OpMetrics], stalled: set[str]) -> None:
         """A closed grouped operator's records and the nodes whose records in it stalled."""
         if stalled:
             self.awaiting.update(r.node for r in ordered if r.complete and r.node not in stalled)
-            if (len(stalled) == 1 and len(ordered) >= max(ordered[0].nranks, 3)
-                    and sum(1 for r in ordered if not r.complete) == 1):
-                self.lone[(ordered[0].comm_id, ordered[0].seq)] = next(iter(stalled))
+            if len(ordered) >= max(ordered[0].nranks, 3):
+                node = _lone(ordered, stalled)
+                if node is not None:
+                    self.lone[(ordered[0].comm_id, ordered[0].seq)] = node
 
     def note_issue(self, node: str, t_host_ns: int | None) -> None:
         if t_host_ns is not None and t_host_ns > self.last_issue.get(node, -(1 << 62)):
@@ -93,3 +95,27 @@ class StopEvidence:
                 self.granting.add((m.comm_id, m.rank))
             elif not m.complete and (m.comm_id, m.rank) in self.granting:
                 self.ungranted.add((m.comm_id, m.seq, m.rank))
+
+
+def _lone(ordered: list[OpMetrics], stalled: set[str]) -> str | None:
+    """The stalled member of a grouped operator that every other incomplete record waits
+    for alone: those records finished with every other peer (their per-peer bytes), so their
+    NICs worked with third parties in this very operator while the traffic to and from that
+    member stopped (sweep 271 #1: a NIC dead mid all-to-all on node-03 at 73 % sent, node-01's
+    record at 99 %, short only of its bytes for node-03; every member was on as many stalled
+    links as the next and the hung job got no verdict)."""
+    incomplete = [r for r in ordered if not r.complete]
+    # two records each short only of the other's bytes: a link between them broke, and
+    # nothing here says at which end
+    lone = {x.node for x in incomplete
+            if x.node in stalled and all(r is x or _waits_only_for(r, x.rank) for r in incomplete)}
+    return lone.pop() if len(lone) == 1 else None
+
+
+def _waits_only_for(r: OpMetrics, rank: int) -> bool:
+    """Whether ``r`` has every byte it declared for each peer but ``rank`` (per-peer figures
+    known)."""
+    if r.peer_ranks is None or r.peer_bytes is None or r.peer_expected_bytes is None:
+        return False
+    return all(pr == rank or got >= want
+               for pr, got, want in zip(r.peer_ranks, r.peer_bytes, r.peer_expected_bytes, strict=True))

@@ -55,7 +55,7 @@ def build(info: OpInfo, clock: NicClock, start: np.ndarray, end: np.ndarray, vol
     complete = bool(np.all(status == COMPLETE))
     return build_many([info], clock, [first], [last], [int(vol.sum())], [complete], [int(act_epochs)],
                       [int(granted.min()) if granted.size else -1],
-                      [peer_figures(info, first, start, end, vol, int(clock.epoch_ns)) if complete else None],
+                      [peer_figures(info, first, start, end, vol, int(clock.epoch_ns))],
                       [int(peak)])[0]
 
 

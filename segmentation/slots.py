@@ -238,18 +238,19 @@ class SlotTable:
         out = _metrics.build_many(infos, clock,
                                   [x if x != big else -1 for x in start_l], end_l, vol_l, [b == 0 for b in bad_l],
                                   act_l, [x if x != big else -1 for x in grant_l],
-                                  self._peer_figures(uids, infos, start_l, bad_l, int(clock.epoch_ns)), peak_l)
+                                  self._peer_figures(uids, infos, start_l, int(clock.epoch_ns)), peak_l)
         ukey = self.ukey
         keys = [ukey[uid] for uid in order]
         self.drop(uids)
         return out, keys
 
-    def _peer_figures(self, uids: np.ndarray, infos: list[OpInfo], first: list[int], bad: list[int],
+    def _peer_figures(self, uids: np.ndarray, infos: list[OpInfo], first: list[int],
                       epoch: int) -> list[_metrics.PeerFigures | None] | None:
-        """Per-peer figures of the complete grouped P2P operators among ``uids`` (their
-        slots sit in the table in the order of their info's flows: ``add`` appends them so
-        and compaction keeps the order)."""
-        want = [k for k, info in enumerate(infos) if info.flow_peers is not None and bad[k] == 0]
+        """Per-peer figures of the grouped P2P operators among ``uids`` (their slots sit in
+        the table in the order of their info's flows: ``add`` appends them so and compaction
+        keeps the order). A stalled one's too: which peers it finished with tells a NIC that
+        worked with third parties from the one that stopped."""
+        want = [k for k, info in enumerate(infos) if info.flow_peers is not None]
         if not want:
             return None
         s = self.s

@@ -460,6 +460,47 @@ def test_the_one_member_stalled_in_an_all_to_all_its_peers_completed_is_the_stop
     assert stop_hypotheses(ev, p) == {}
 
 
+def test_the_member_every_other_stalled_record_waits_for_alone_is_the_stop():
+    # sweep 271 #1, a NIC dead mid all-to-all under MoE (5 nodes): D's record stalled at
+    # 73 % sent, B's at 99 %, short only of its bytes for D - B's NIC finished with every
+    # other peer in this very operator. Each stalled record is on a link to every member:
+    # the node count ties five ways, and the hung job got no verdict.
+    M = 1 << 20
+
+    def grouped(rank: int, short: tuple[int, ...] = (), complete: bool = True):
+        peers = [x for x in range(5) if x != rank]
+        got = [M // 2 if x in short else M for x in peers]
+        r = synth.record("ep", 254, rank, rank, kind="GroupP2P", nranks=5, start=0, end=MS, t_host=0,
+                         nic="mlx5_2", peer_ranks=peers, peer_done_ns=[MS] * 4, peer_bytes=got,
+                         peer_expected_bytes=[M] * 4, peer_start_ns=[0] * 4)
+        return r if complete else dataclasses.replace(r, complete=False, volume_bytes=sum(got))
+
+    def stalls(*nodes: str) -> list:
+        return [finding(STALL, x, comm="ep", seq=254, value=0.9, metric="sent_fraction", start=9 * MS,
+                        end=10 * MS, to=tuple(ep(y) for y in (A, B, C, D, E) if y != x)) for x in nodes]
+
+    ev, p = evidence()
+    ev.stops.stalls += stalls(D, B)
+    assert stop_hypotheses(ev, p) == {}
+    recs = [grouped(0), grouped(1, short=(3,), complete=False), grouped(2), grouped(3, short=(0, 1, 2, 4),
+                                                                                   complete=False), grouped(4)]
+    assert [r.node for r in recs] == [A, B, C, D, E]
+    ev.stops.note_grouped(recs, {B, D})
+    assert list(stop_hypotheses(ev, p)) == [("network-stop", (D,))]
+    # B also short of C's bytes: its NIC is not shown up
+    ev, p = evidence()
+    ev.stops.stalls += stalls(D, B)
+    recs[1] = grouped(1, short=(2, 3), complete=False)
+    ev.stops.note_grouped(recs, {B, D})
+    assert stop_hypotheses(ev, p) == {}
+    # B and D each short only of the other's bytes: the link between them broke, at either end
+    ev, p = evidence()
+    ev.stops.stalls += stalls(D, B)
+    recs[1], recs[3] = grouped(1, short=(3,), complete=False), grouped(3, short=(1,), complete=False)
+    ev.stops.note_grouped(recs, {B, D})
+    assert stop_hypotheses(ev, p) == {}
+
+
 def test_a_lone_stall_in_an_all_to_all_names_its_member_however_much_it_had_sent():
     # sweep 311 #2, a NIC dead under MoE in a 16-node tree: node-14's all-to-all records
     # stalled at 95 % while every peer's completed, the peers' next all-to-all stalled at

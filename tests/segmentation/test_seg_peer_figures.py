@@ -67,3 +67,33 @@ def test_sim_all_to_all_records_carry_consistent_peer_figures(sim_traces):
         assert min(m.peer_start_ns) == 0  # type: ignore[arg-type]
         assert all(0 <= a < b for a, b in zip(m.peer_start_ns, m.peer_done_ns, strict=True))  # type: ignore[arg-type]
     assert all(m.peer_ranks is None for m in recs if m.kind != "GroupP2P")
+
+
+def test_a_stalled_all_to_all_record_says_which_peers_it_finished_with():
+    # a NIC that died mid all-to-all leaves its peers' records short only of their bytes
+    # for it: which peers a stalled record finished with tells the stop rules whose NIC
+    # worked with third parties (sweep 271 #1); streaming and batch forms agree
+    from pulse.segmentation.streaming import NodeSegmenter
+    from segbuilder import TraceBuilder
+
+    tb = TraceBuilder()
+    tb.comm("p", 3, {0: "a", 1: "b", 2: "c"})
+    tb.flow("a", "mlx5_0", 1, "p", 0, 1, 0, "send")
+    tb.flow("a", "mlx5_0", 2, "p", 0, 2, 0, "send")
+    tb.op("a", "p", 0, 0, "GroupP2P", 2_000_000, peers=[1, 2], peer_send_bytes=[1_000_000, 1_000_000],
+          peer_recv_bytes=[10, 10], nchannels=1, group=1)
+    tb.transfer("a", "mlx5_0", 1, 1, 1_000_000, 250_000, comm_id="p", seq=0)
+    tb.transfer("a", "mlx5_0", 2, 1, 1_000_000, 250_000, comm_id="p", seq=0, stop_after=400_000)
+    tb.send("a", "mlx5_0", 1, 3000, 0, 512)  # the data goes on long after: the stall is closed
+    batches = tb.batches()
+    want = segment_trace(batches, tb.events)
+    (rec,) = want
+    assert not rec.complete
+    assert rec.peer_ranks == [1, 2]
+    assert rec.peer_bytes == [1_000_000, 400_000] and rec.peer_expected_bytes == [1_000_000, 1_000_000]
+    seg = NodeSegmenter("a")
+    got = seg.add_events(tb.events)
+    for b in batches:
+        got += seg.update(b)
+    got += seg.finish()
+    assert got == want
