@@ -8,6 +8,7 @@ from collections import defaultdict
 import numpy as np
 
 from pulse.events import CommEvent, FlowEvent, OpEvent
+from pulse.records import OpMetrics
 from pulse.samples import EpochBatch, make_batch
 
 EPOCH_NS = 32_000
@@ -158,3 +159,17 @@ def random_trace(seed: int, nranks: int = 3, nops: int = 12, nch: int = 2, epoch
             tb.op(nodes[1], "pp", 1, seq // 3, "Recv", nb, peer=0, nchannels=1)
             tb.transfer(nodes[0], "mlx5_1", p2p, e, nb, 250_000, comm_id="pp", seq=seq // 3)
     return tb
+
+
+def stream_node(node: str, events: list, batches: list[EpochBatch]) -> list[OpMetrics]:
+    """One node's records from the streaming form (its batches fed in order, then finish),
+    in the batch form's (comm, rank, seq) order."""
+    from pulse.segmentation.streaming import NodeSegmenter
+
+    seg = NodeSegmenter(node)
+    got = seg.add_events(events)
+    for b in batches:
+        if b.node == node:
+            got += seg.update(b)
+    got += seg.finish()
+    return sorted(got, key=lambda m: (m.comm_id, m.rank, m.seq))

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 from pulse.segmentation.association import associate
 from pulse.segmentation.batch import segment_flows, segment_trace
-from pulse.segmentation.streaming import NodeSegmenter
-from segbuilder import random_trace
+from segbuilder import random_trace, stream_node
 
 
 @pytest.mark.parametrize("epoch_ns", [32_000, 1_000])
@@ -32,11 +31,6 @@ def test_one_microsecond_epochs_streaming_equals_batch():
     batches = tb.batches(window=50)
     want = segment_trace(batches, tb.events)
     for node in sorted({m.node for m in want}):
-        seg = NodeSegmenter(node)
-        got = seg.add_events(tb.events)
-        for b in batches:
-            if b.node == node:
-                got += seg.update(b)
-        got += seg.finish()
-        assert sorted(got, key=lambda m: (m.comm_id, m.rank, m.seq)) == [m for m in want if m.node == node]
+        got = stream_node(node, tb.events, batches)
+        assert got == [m for m in want if m.node == node]
         assert all(m.epoch_ns == 1_000 for m in got)

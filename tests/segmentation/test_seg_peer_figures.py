@@ -73,8 +73,7 @@ def test_a_stalled_all_to_all_record_says_which_peers_it_finished_with():
     # a NIC that died mid all-to-all leaves its peers' records short only of their bytes
     # for it: which peers a stalled record finished with tells the stop rules whose NIC
     # worked with third parties (sweep 271 #1); streaming and batch forms agree
-    from pulse.segmentation.streaming import NodeSegmenter
-    from segbuilder import TraceBuilder
+    from segbuilder import TraceBuilder, stream_node
 
     tb = TraceBuilder()
     tb.comm("p", 3, {0: "a", 1: "b", 2: "c"})
@@ -91,9 +90,4 @@ def test_a_stalled_all_to_all_record_says_which_peers_it_finished_with():
     assert not rec.complete
     assert rec.peer_ranks == [1, 2]
     assert rec.peer_bytes == [1_000_000, 400_000] and rec.peer_expected_bytes == [1_000_000, 1_000_000]
-    seg = NodeSegmenter("a")
-    got = seg.add_events(tb.events)
-    for b in batches:
-        got += seg.update(b)
-    got += seg.finish()
-    assert got == want
+    assert stream_node("a", tb.events, batches) == want

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 from pulse.segmentation.association import associate
 from pulse.segmentation.batch import segment_flows, segment_trace
-from pulse.segmentation.streaming import NodeSegmenter
-from segbuilder import TraceBuilder
+from segbuilder import TraceBuilder, stream_node
 from test_seg_association import tree_trace
 
 from pulse.nccl_chunks import tree_chunk_bytes, tree_depth_at_least
@@ -90,11 +89,5 @@ def test_streaming_segments_the_tree_buckets_as_the_batch_does(window):
     tb, node = back_to_back_tree_buckets()
     batches = tb.batches(window=window)
     want = [m for m in segment_trace(batches, tb.events) if m.node == node]
-    seg = NodeSegmenter(node)
-    got = seg.add_events(tb.events)
-    for b in batches:
-        if b.node == node:
-            got += seg.update(b)
-    got += seg.finish()
-    assert sorted(got, key=lambda m: (m.comm_id, m.rank, m.seq)) == want
+    assert stream_node(node, tb.events, batches) == want
     assert [m.volume_bytes for m in want if m.rank == 1] == [M, M, M]
