@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from pulse.segmentation import associate, segment_flows
-from pulse.sim.builder import Builder, tree_chunk_bytes
+from pulse.sim.builder import Builder
 from pulse.sim.config import SimConfig
 from pulse.sim.engine import Anomaly
 from pulse.sim.run import simulate
@@ -22,6 +22,7 @@ from test_trace import flow_table, flow_totals, true_ops
 
 from pulse.cli import main
 from pulse.errors import ConfigError
+from pulse.nccl_chunks import tree_chunk_bytes
 from pulse.trace import TraceReader, read_truth
 
 
