@@ -332,6 +332,15 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         if bursting_relays([f for f in hits if f.node == x], p.rate_ratio):
             return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+    if named & set(nodes_in) and len([k for k in slow if not {node_of(k[0]), node_of(k[1])} & named]) < 2:
+        # The links at a node named in an open network incident are that incident's; a
+        # group naming more nodes stands on what is left, and one slow link fits its
+        # sender, its receiver and the path alike (sweep 347 #5: congestion into node-06's
+        # downlinks under MoE, named; every all-to-all link into it slow, and one ring link
+        # elsewhere, node-10 -> node-00 on one NIC, whose busiest epochs happened to stay
+        # low while the ring ran at the congested link's pace: node-06 and node-00 named a
+        # group)
+        return {}
     sets = {record_nodes(f) for f in hits} or {frozenset(k) for k in pairs}
     nodes = sorted(set().union(*sets))
     grp = unique_cover(sets, nodes, p.max_group, exonerated(pairs, clean_pairs, nodes, slow, clean, rates))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from pulse.localization.finding import ACT
+from pulse.localization.finding import ACT, PEER_RATE_IN
 from pulse.localization.params import LocalizeParams
 from pulse.localization.rules.links import (
     exonerated,
@@ -15,6 +15,7 @@ from pulse.localization.rules.links import (
     slow_link_hypotheses,
     unique_cover,
 )
+from pulse.localization.rules.records import paced_by_one
 
 from .findings import MS, ep, evidence, finding, observe, slow_link
 
@@ -819,9 +820,9 @@ def test_a_ring_slow_by_timing_alone_widens_no_group_beyond_the_node_already_nam
     assert list(slow_link_hypotheses(ring, clean, P, members=members)) == [("path", ("x", "y"))]  # nothing named
     got = slow_link_hypotheses(ring, clean, P, members=members, named=frozenset({"x"}))
     assert all(k[0] != "path" for k in got)
-    # a node named that is in no collective of those links explains nothing of them
-    assert list(slow_link_hypotheses(ring, clean, P, members={"ring": frozenset("wyz")}.__getitem__,
-                                     named=frozenset({"x"}))) == [("path", ("x", "y"))]
+    # a node named that is in no collective of those links explains nothing of their pace
+    assert paced_by_one(ring, {"ring": frozenset("wyz")}.__getitem__, frozenset({"x"})) is None
+    assert paced_by_one(ring, members, frozenset({"x"})) == {k: v for k, v in ring.items() if "x" in (k[0][0], k[1][0])}
 
 
 def test_a_ring_link_kept_busy_in_bursts_into_one_receiver_is_its_downlink():
@@ -871,3 +872,25 @@ def test_links_into_several_nics_of_a_node_idle_at_their_sender_name_it_only_if_
     # one of x's NICs: a flapping or lossy NIC leaves its senders idle between bursts
     assert list(slow_link_hypotheses(state(busy=False, nics=(2,)) | {
         (ep("w", 2), ep("x", 2)): slow_link(ep("w", 2), ep("x", 2))}, set(), P)) == [("network-slow", ("x",))]
+
+
+def test_one_stray_link_widens_no_group_beyond_the_node_already_named():
+    # sweep 347 #5 (congestion into x's downlinks, an 11-node MoE job): x named
+    # network-slow by every all-to-all link into it starved inward; later one ring link
+    # elsewhere, u -> v on one NIC, slow by its busiest epochs (they happened to stay low
+    # while the ring ran at the congested link's pace), and x was named a group with v.
+    def inward(src: str, nic: int) -> list:
+        return [dataclasses.replace(f, metric=PEER_RATE_IN, value=0.4) for f in slow_link(ep(src, nic), ep("x", nic), 6,
+                                                                                           comm="a2a")]
+
+    into_x = {(ep(s, n), ep("x", n)): inward(s, n) for s in "abcuv" for n in range(2)}
+    stray = {(ep("u", 1), ep("v", 1)): [dataclasses.replace(f, metric="peak_epoch_bytes", value=0.6)
+                                        for f in slow_link(ep("u", 1), ep("v", 1), 6, comm="ring")]}
+    clean = {(ep(a, n), ep(b, n)) for a, b in (("u", "a"), ("a", "u"), ("b", "v"), ("a", "b")) for n in range(2)}
+    slow = {**into_x, **stray}
+    assert list(slow_link_hypotheses(slow, clean, P)) == [("path", ("v", "x"))]  # nothing named: as before
+    assert slow_link_hypotheses(slow, clean, P, named=frozenset({"x"})) == {}
+    # two NIC pairs slow on the other side stand on their own
+    stray2 = {(ep("u", n), ep("v", n)): [dataclasses.replace(f, metric="peak_epoch_bytes", value=0.6)
+                                         for f in slow_link(ep("u", n), ep("v", n), 6, comm="ring")] for n in range(2)}
+    assert list(slow_link_hypotheses({**into_x, **stray2}, clean, P, named=frozenset({"x"}))) == [("path", ("v", "x"))]
