@@ -231,6 +231,36 @@ class LinkWindows:
         return dict(zip(ks, lo_l, strict=True)), dict(zip(ks, own_l, strict=True))
 
 
+class Intake:
+    """Per NIC, the rates its downlink was seen carrying in its last ``window_ops``
+    all-to-alls whose every flow into it was clean (:func:`.peer_rates.judge_peer_rates`):
+    the bytes of all its flows in over the longest of them. Its link windows cannot say it:
+    an all-to-all sender's rate is shared among its receivers, so no one link into a
+    receiver shows what its downlink takes in, while the sum of them does."""
+
+    def __init__(self, p: LocalizeParams) -> None:
+        self.p = p
+        self._by_node: dict[str, dict[str, deque[tuple[int, float]]]] = {}
+
+    def add(self, ep: str, end_ns: int, rate: float) -> None:
+        per = self._by_node.setdefault(node_of(ep), {})
+        win = per.get(ep)
+        if win is None:
+            win = per[ep] = deque(maxlen=self.p.window_ops)
+        win.append((end_ns, rate))
+
+    def since(self, nodes: Iterable[str], since: int) -> dict[str, float]:
+        """Per NIC of ``nodes``, the highest rate it took in, in all-to-alls ended at or
+        after ``since``."""
+        out: dict[str, float] = {}
+        for n in nodes:
+            for ep, win in self._by_node.get(n, {}).items():
+                got = [r for end, r in win if end >= since]
+                if got:
+                    out[ep] = max(got)
+        return out
+
+
 class Lateness:
     """Late arrivals per (node, communicator) over ``late_window`` operators, point-to-point
     waits (issue to first byte) per node and job-wide, and the end of each rank's previous
@@ -384,6 +414,7 @@ class Evidence:
         self.paced = LinkWindows(p)
         """Links of records within the bound in slow operators: neither clean nor slow, only
         the rates they carried (:func:`.rules.links.network_hypotheses`)."""
+        self.intake = Intake(p)
         self.late = Lateness(p)
         self.late_base = LateBaselines(p)
         self.late_stragglers = LateStragglers(p, self.late_base)

@@ -293,6 +293,8 @@ class Localizer:
                 ev.single_links.add(lk)
         for lk in j.paced:
             ev.paced.add(lk)
+        for e, end, rate in j.intake:
+            ev.intake.add(e, end, rate)
         # the lateness veto reads the previous operators' ends: ask it before recording these
         cands = {f.rank: f for f in j.findings if f.kind == LATE}
         rises, noise = self._entries(comm, ordered, j.issue_lags)

@@ -30,6 +30,9 @@ class Judgement:
     """(record index, how much later than its peers' median it issued, clocks as read) of
     a collective whose traffic is normal: judged against the rank's own history
     (:class:`.late_baselines.LateBaselines`), which cancels its clock offset."""
+    intake: list[tuple[str, int, float]] = dataclasses.field(default_factory=list)
+    """(receiving NIC, end, bytes/ns) of an all-to-all's receivers whose every flow in was
+    clean: what their downlinks carried (:class:`.evidence.Intake`)."""
     arrivals: list[tuple[int, float]] = dataclasses.field(default_factory=list)
     """The same issue lags for every complete collective, slow traffic or not: an issue
     comes before the operator's traffic, so its own slowness cannot move it (the

@@ -95,6 +95,10 @@ def judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement,
     own_slow = nb / np.maximum(span - epoch, epoch) < p.rate_ratio * own_ref
     inward = (_starved_receivers(dst_l, own_slow, ~waited, own, p.rate_ratio) - slow_ends
               if (begin >= 0).all() else set())
+    if (begin >= 0).all():
+        ends = np.array([view.recs[i].end_ns for i in idx], np.int64)
+        spoiled = own_slow | waited | (hi < bar) | (want > 0) & (nb > want * (1.0 + p.vol_excess))
+        out.intake += _intake(dst_l, nb, span, ends, spoiled, inward | slow_ends, epoch)
     # bytes beyond what the operator declared for a peer were resent (go-back-N resends
     # whole windows); a lossy NIC loses both ways, so its links out and in carry them
     extra = np.where(want > 0, nb / np.maximum(want, 1.0), 1.0)
@@ -121,6 +125,26 @@ def judge_peer_rates(view: OpView, p: LocalizeParams, out: Judgement,
             continue  # a slow or lossy link at an end that is not so both ways: says nothing
         out.links.append(link_of(view, i, dst_l[k], f is not None, f))
     return True
+
+
+def _intake(dst: list[str], nb: np.ndarray, span: np.ndarray, ends: np.ndarray, spoiled: np.ndarray,
+            skip: set[str], epoch: float) -> list[tuple[str, int, float]]:
+    """Per receiver whose every flow in was clean (none ``spoiled``: slow, waiting for it to
+    post, resent), not in ``skip``: (it, the last end of the records sending into it, the
+    bytes of all its flows in over the longest of them, an epoch longer - what its downlink
+    surely carried, the flows of an all-to-all running together). Each span is read on its
+    sender's clock alone."""
+    keys, inv = np.unique(np.array(dst), return_inverse=True)
+    total = np.bincount(inv, weights=nb, minlength=keys.size)
+    bad = np.bincount(inv, weights=spoiled.astype(np.float64), minlength=keys.size)
+    longest = np.zeros(keys.size)
+    np.maximum.at(longest, inv, span)
+    last = np.zeros(keys.size, np.int64)
+    np.maximum.at(last, inv, ends)
+    return [(k, int(e), float(t / (sp + epoch)))
+            for k, t, b, sp, e in zip(keys.tolist(), total.tolist(), bad.tolist(), longest.tolist(), last.tolist(),
+                                      strict=True)
+            if b == 0 and k not in skip]
 
 
 def _starved_receivers(dst: list[str], flag: np.ndarray, counted: np.ndarray, rate: np.ndarray,

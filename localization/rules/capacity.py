@@ -5,16 +5,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection
+from typing import NamedTuple
 
 from ..evidence import Link, node_of
 from ..finding import Finding
 from ..robust import median
 
-Rates = tuple[dict[Link, float], dict[Link, float], dict[Link, float]]
-"""Per slow link, the highest rate its slow observations got; per clean link, the rate its
-sender's NIC surely reached in one of its recent observations, and the rate the link itself surely
-carried (-1: its records sent to several peers at once, so the link's own share is not
-known). Bytes/ns; 0 or absent: unknown."""
+
+class Rates(NamedTuple):
+    """What the link windows show of the NICs' rates, bytes/ns (0 or absent: unknown)."""
+
+    slow_hi: dict[Link, float]
+    """Per slow link, the highest rate its slow observations got."""
+    clean_lo: dict[Link, float]
+    """Per clean link, the rate its sender's NIC surely reached in one of its recent
+    observations."""
+    clean_in: dict[Link, float]
+    """Per clean link, the rate the link itself surely carried (-1: its records sent to
+    several peers at once, so the link's own share is not known)."""
+    took_in: dict[str, float] = {}
+    """Per NIC, the most its downlink was seen carrying in all-to-alls delivered cleanly
+    into it (:class:`.evidence.Intake`): what no one link into it shows."""
 
 
 
@@ -26,9 +37,15 @@ def capable(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates | No
     with a third node counts. What x receives is shown only by a sender that sent to x
     alone (an all-to-all sender's rate is shared among all its receivers)."""
     mine = [k for k in slow if node_of(k[0 if sends else 1]) == x]
-    slow_hi, clean_lo, clean_in = rates or ({}, {}, {})
+    slow_hi, clean_lo, clean_in = (rates or ({}, {}, {}))[:3]
     shown = clean_lo if sends else clean_in
     bar = max((slow_hi.get(k, 0.0) for k in mine), default=0.0)
+    if (not sends and bar > 0 and isinstance(rates, Rates)
+            and any(v > bar for e, v in rates.took_in.items() if node_of(e) == x)):
+        # the sum of an all-to-all's flows into x (sweep 347 #5, 281 #21: a ring link, a
+        # pipeline send into a healthy node slow at 15-24 GB/s while its downlink took in
+        # 26-43 GB/s from its all-to-all peers)
+        return True
     for a, b in clean:
         me, other = (a, b) if sends else (b, a)
         if node_of(me) != x or node_of(other) in outside:
@@ -51,7 +68,7 @@ def beaten_on_every_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates
     NIC busy at the pace it posts them. ``reverse``: moving the other way (the sending
     end's NICs receiving, the receiving end's sending), which clears a fault of the NIC or
     its PCIe link: those slow both directions alike."""
-    slow_hi, clean_lo, clean_in = rates or ({}, {}, {})
+    slow_hi, clean_lo, clean_in = (rates or ({}, {}, {}))[:3]
     out = sends != reverse  # the NICs are seen sending
     shown = clean_lo if out else clean_in
     end = 0 if sends else 1
@@ -161,7 +178,7 @@ def one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates
         return False
     lo, own = paced or ({}, {})
     shown = clean | lo.keys()
-    both = (rates[0], _most(rates[1], lo), _most(rates[2], own))
+    both = Rates(rates[0], _most(rates[1], lo), _most(rates[2], own))
     return (beaten_on_every_nic(slow, shown, both, covers, sends=True, reverse=True)
             and beaten_on_every_nic(slow, shown, both, covers, sends=False, reverse=True))
 

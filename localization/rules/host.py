@@ -93,7 +93,7 @@ def _beats(rates: Rates | None, link: Link, slow_out: list[Link]) -> bool:
     at 24 % between node-00 and node-06, the ring's only link between them node-06 ->
     node-00 slow on 4 NICs, node-00's all-to-all sends to node-06 clean; node-06 was named
     host-contention)."""
-    slow_hi, _, clean_in = rates or ({}, {}, {})
+    slow_hi, _, clean_in = (rates or ({}, {}, {}))[:3]
     lo = clean_in.get(link, 0.0)
     if lo < 0:
         return False

@@ -99,7 +99,7 @@ def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]]
     links' rows in the link windows), to not compute them again."""
     slow_hi: dict[Link, float] = {}
     if not slow:
-        return slow_hi, {}, {}
+        return Rates(slow_hi, {}, {})
     if since is None:
         since = _since(slow, p)
     for key in slow:
@@ -110,7 +110,7 @@ def shown_rates(ev: Evidence, p: LocalizeParams, slow: dict[Link, list[Finding]]
     if rows is None:
         rows = np.array([ev.links.row(k) for k in clean], np.int64)
     clean_lo, clean_in = ev.links.clean_rates(since, rows)
-    return slow_hi, clean_lo, clean_in
+    return Rates(slow_hi, clean_lo, clean_in, ev.intake.since({node_of(e) for k in slow for e in k}, since))
 
 
 def network_hypotheses(ev: Evidence, p: LocalizeParams, named: frozenset[str] = frozenset()) -> dict[Key, Hypothesis]:
@@ -197,7 +197,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
             # record says only that its links kept the pace it needed). Sweep 59 #1: two
             # nodes behind a congested leaf, the tree relay sending to both of them slow,
             # the relays sending to one of them clean: the first named network-slow.
-            _, _, shown_in = rates or ({}, {}, {})
+            shown_in = (rates or ({}, {}, {}))[2]
             peers = {e for f in hits for e in f.peer_eps if node_of(e) != x}
             if not all(any(b == e and node_of(a) != x and shown_in.get((a, b), 0.0) >= 0 for a, b in clean)
                        for e in peers):
@@ -224,7 +224,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         # (unknown: shared among their receivers) is not cleared by them (sweep 71 #1: a
         # PCIe-capped node's one slow sender on 4 NICs, host-shaped, and the pair was named
         # a path).
-        one_peer = (rates[0], rates[2], rates[2]) if rates is not None else None
+        one_peer = Rates(rates[0], rates[2], rates[2]) if rates is not None else None
         host_ends = {x for x in covers if host_shaped(slow, p, x) and not capable(slow, clean, one_peer, x, True, covers)}
 
         def cap(x: str, sends: bool) -> bool:

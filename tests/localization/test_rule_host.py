@@ -115,6 +115,16 @@ def test_a_sender_whose_other_sends_beat_the_slow_links_is_no_starved_host():
     # a's other sends no faster than the slow links: its host may pace them all, b is not named
     slower = {**sends, (ep("a", 0), ep("c", 0)): 9.0}
     assert ("network-slow", ("b",)) not in slow_link_hypotheses(slow, clean, P, (slow_hi, slower, into))
+    # b's downlink seen taking in faster than that from all its all-to-all peers together
+    # (sweep 281 #21: a's host at 41 % of its CPU posting its pipeline sends into b at a
+    # steady slow pace, b named network-slow): b is cleared and a's host, its sends back
+    # from b clean, is what fits
+    from pulse.localization.rules.capacity import Rates
+
+    took = Rates(slow_hi, sends, into, {ep("b", 0): 30.0})
+    assert list(slow_link_hypotheses(slow, clean, P, took)) == [("host-contention", ("a",))]
+    took = Rates(slow_hi, sends, into, {ep("b", 0): 9.0})  # no faster than the slow links: as before
+    assert list(slow_link_hypotheses(slow, clean, P, took)) == [("network-slow", ("b",))]
 
 
 def test_a_reverse_link_clears_a_one_way_path_only_by_the_rate_it_carried():

@@ -270,3 +270,25 @@ def test_a_starved_receivers_link_is_excused_while_our_own_other_records_went_in
     assert not alive.shared(f)
     alive.note_into("n2/mlx5_0", 60 * ms, 99 * ms + ms // 2)  # within the skew bound of its start
     assert alive.shared(f)
+
+
+def test_what_a_receiver_took_in_from_all_its_flows_is_its_downlinks_rate():
+    """An all-to-all sender's rate is shared among its receivers, so no one link into a
+    receiver shows its downlink; the bytes of all its flows in over the longest of them do
+    (sweep 281 #21, 347 #5: healthy receivers took in 26-43 GB/s from their all-to-all
+    peers while a pipeline send or a ring link into them went at 15-24). A receiver with
+    any flow in slow, waited for or resent shows nothing."""
+    import dataclasses
+
+    e = 16_000
+    healthy = [dataclasses.replace(r, peer_done_ns=[16 * e] * 3, duration_ns=16 * e, end_ns=16 * e, act_ns=16 * e)
+               for r in _a2a_op(late_rx=False)]
+    got = {ep: rate for ep, _end, rate in _judged(healthy).intake}
+    assert got.keys() == {f"{synth.node(r)}/mlx5_0" for r in range(4)}
+    assert all(abs(v - 3 * (2 << 20) / (17 * e)) < 1e-9 for v in got.values())
+    # node-03 capped at 40 %: it and every receiver of its slow sends show nothing
+    assert _judged(_a2a_op(late_rx=False)).intake == []
+    # node-03 posted its receives late: the flows into it waited, the others' shares in
+    # differ - nothing is shown where a flow in was below the operator's pace
+    late = _judged(_a2a_op(late_rx=True)).intake
+    assert "node-03/mlx5_0" not in {ep for ep, _e, _r in late}
