@@ -17,6 +17,7 @@ Physical facts relied on:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -315,6 +316,8 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
     if len({tuple(sorted(k)) for k in slow}) < p.path_min_links:
         return {}
     suspects = record_suspects(hits)
+    if len(suspects) > 1:
+        suspects = _held_relay(suspects, hits, p.rate_ratio)
     if len(suspects) == 1:
         # A record that sends to several peers (a tree relay, a full mesh) is slow, or
         # resends, because of *one* of its links, not all: its finding marks every link
@@ -375,6 +378,25 @@ def _paced_end(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates |
     slow_hi = (rates or ({}, {}, {}))[0]
     known = {k: v for k, v in slow.items() if node_of(k[0]) == x and slow_hi.get(k, 0.0) > 0}
     return beaten_on_every_nic(known, clean, rates, [x], sends=True)
+
+
+def _held_relay(suspects: set[str], hits: list[Finding], ratio: float) -> set[str]:
+    """Of several nodes in every slow record (a small tree, where each relay sends to most
+    of the others), the one whose own slow relays were held to one rate while every other
+    one's own relays moved in bursts; else all of them. A NIC capped at a rate keeps its
+    relays' epochs flat; a relay fed at the pace of that cap forwards each chunk at line
+    rate as it comes (:func:`.records.bursting_relays`). Sweep 293 #11: a NIC at 41 % on
+    node-04 of a 5-node tree (the job 5.7 % slower), the relays of node-02, node-03 and
+    node-04 slow, each sending to the other two: node-04's at 1.03 of the flat bound in
+    every record, the others' at 1.76-1.87; missed."""
+    own = {x: [f for f in hits if f.node == x] for x in suspects}
+    paced = {x for x, fs in own.items() if bursting_relays(fs, ratio)}
+    rest = suspects - paced
+    if len(rest) != 1 or not paced:
+        return suspects
+    fs = own[next(iter(rest))]
+    bursts = [f.burst for f in fs if not math.isnan(f.burst)]
+    return rest if 2 * len(bursts) > len(fs) and median(bursts) <= 1.0 / ratio else suspects
 
 
 def _paced_relay(grp: tuple[str, ...], hits: list[Finding]) -> bool:

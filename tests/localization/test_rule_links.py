@@ -894,3 +894,22 @@ def test_one_stray_link_widens_no_group_beyond_the_node_already_named():
     stray2 = {(ep("u", n), ep("v", n)): [dataclasses.replace(f, metric="peak_epoch_bytes", value=0.6)
                                          for f in slow_link(ep("u", n), ep("v", n), 6, comm="ring")] for n in range(2)}
     assert list(slow_link_hypotheses({**into_x, **stray2}, clean, P, named=frozenset({"x"}))) == [("path", ("v", "x"))]
+
+
+def test_of_several_nodes_in_every_slow_relay_the_one_held_to_one_rate_is_the_cap():
+    # sweep 293 #11: a NIC at 41 % on z of a 5-node tree; the relays of x, y and z slow,
+    # each sending to the other two: all three in every slow record. z's relays held flat
+    # (1.03 of the bound), x's and y's in bursts (1.8): they forwarded at z's pace.
+    def relay(src: str, to: tuple[str, ...], burst: float) -> dict:
+        peers = tuple(ep(d) for d in to)
+        fs = [dataclasses.replace(f, peer_eps=peers, flows=len(peers), burst=burst)
+              for f in slow_link(ep(src), peers[0], 6, comm="t")]
+        return {(ep(src), d): fs for d in peers}
+
+    def slow(x: float = 1.8, y: float = 1.8, z: float = 1.03) -> dict:
+        return {**relay("x", ("a", "y", "z"), x), **relay("y", ("b", "x", "z"), y), **relay("z", ("b", "x", "y"), z)}
+
+    assert list(slow_link_hypotheses(slow(), set(), P)) == [("network-slow", ("z",))]
+    assert slow_link_hypotheses(slow(z=1.8), set(), P) == {}           # every relay in bursts: paced from elsewhere
+    assert slow_link_hypotheses(slow(z=float("nan")), set(), P) == {}  # z's shape unknown
+    assert slow_link_hypotheses(slow(y=1.03), set(), P) == {}          # two held flat: which one is not said
