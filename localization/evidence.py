@@ -232,11 +232,11 @@ class LinkWindows:
 
 
 class Intake:
-    """Per NIC, the rates its downlink was seen carrying in its last ``window_ops``
-    all-to-alls whose every flow into it was clean (:func:`.peer_rates.judge_peer_rates`):
-    the bytes of all its flows in over the longest of them. Its link windows cannot say it:
-    an all-to-all sender's rate is shared among its receivers, so no one link into a
-    receiver shows what its downlink takes in, while the sum of them does."""
+    """Per NIC, what its downlink was seen carrying in its last ``window_ops`` all-to-alls
+    (:func:`.peer_rates._intake`: the bytes of all its flows in over the longest of them,
+    0 where it took in less than the others). Its link windows cannot say it: an all-to-all sender's
+    rate is shared among its receivers, so no one link into a receiver shows what its
+    downlink takes in, while the sum of them does."""
 
     def __init__(self, p: LocalizeParams) -> None:
         self.p = p
@@ -250,14 +250,18 @@ class Intake:
         win.append((end_ns, rate))
 
     def since(self, nodes: Iterable[str], since: int) -> dict[str, float]:
-        """Per NIC of ``nodes``, the highest rate it took in, in all-to-alls ended at or
-        after ``since``."""
+        """Per NIC of ``nodes``, the median of what it took in over its all-to-alls ended at
+        or after ``since`` (at least ``link_min_obs`` of them, as a clean link's), those
+        where it took in less than the others counted as 0: a downlink congested in bursts
+        passes an all-to-all at its usual pace now and then (sweep 293 #2: node-03's best at
+        37-42 GB/s, most of its all-to-alls at half the other receivers'), a healthy one in
+        most of them."""
         out: dict[str, float] = {}
         for n in nodes:
             for ep, win in self._by_node.get(n, {}).items():
                 got = [r for end, r in win if end >= since]
-                if got:
-                    out[ep] = max(got)
+                if len(got) >= self.p.link_min_obs:
+                    out[ep] = float(np.median(got))
         return out
 
 

@@ -276,8 +276,8 @@ def test_what_a_receiver_took_in_from_all_its_flows_is_its_downlinks_rate():
     """An all-to-all sender's rate is shared among its receivers, so no one link into a
     receiver shows its downlink; the bytes of all its flows in over the longest of them do
     (sweep 281 #21, 347 #5: healthy receivers took in 26-43 GB/s from their all-to-all
-    peers while a pipeline send or a ring link into them went at 15-24). A receiver with
-    any flow in slow, waited for or resent shows nothing."""
+    peers while a pipeline send or a ring link into them went at 15-24). A receiver slow
+    both ways shows 0; one whose flows in waited for it to post shows nothing."""
     import dataclasses
 
     e = 16_000
@@ -286,9 +286,39 @@ def test_what_a_receiver_took_in_from_all_its_flows_is_its_downlinks_rate():
     got = {ep: rate for ep, _end, rate in _judged(healthy).intake}
     assert got.keys() == {f"{synth.node(r)}/mlx5_0" for r in range(4)}
     assert all(abs(v - 3 * (2 << 20) / (17 * e)) < 1e-9 for v in got.values())
-    # node-03 capped at 40 %: it and every receiver of its slow sends show nothing
-    assert _judged(_a2a_op(late_rx=False)).intake == []
-    # node-03 posted its receives late: the flows into it waited, the others' shares in
-    # differ - nothing is shown where a flow in was below the operator's pace
-    late = _judged(_a2a_op(late_rx=True)).intake
-    assert "node-03/mlx5_0" not in {ep for ep, _e, _r in late}
+    # node-03 capped at 40 %: it shows 0, the others what they carried, its slow flow in
+    capped = {ep: rate for ep, _end, rate in _judged(_a2a_op(late_rx=False)).intake}
+    assert capped["node-03/mlx5_0"] == 0.0
+    assert all(abs(capped[f"{synth.node(r)}/mlx5_0"] - 3 * (2 << 20) / (41 * e)) < 1e-9 for r in range(3))
+    # node-03 posted its receives late: the flows into it waited, and time the wait
+    assert "node-03/mlx5_0" not in {ep for ep, _e, _r in _judged(_a2a_op(late_rx=True)).intake}
+
+
+def test_a_receiver_that_took_in_less_than_the_others_shows_nothing_of_its_downlink():
+    # sweep 293 #2: congestion in bursts into d's downlink; each flow into it near its
+    # usual pace (no link below the bar), all of them together half what the others took in
+    import numpy as np
+    from pulse.localization.peer_rates import _intake
+
+    dst = ["a"] * 3 + ["b"] * 3 + ["c"] * 3 + ["d"] * 3
+    nb = np.full(12, 1e6)
+    span = np.array([1e5] * 9 + [2e5] * 3)
+    ends = np.arange(12, dtype=np.int64)
+    got = {k: r for k, _e, r in _intake(dst, nb, span, ends, np.zeros(12, np.bool_), set(), 0.0, 0.8)}
+    assert got == {"a": 30.0, "b": 30.0, "c": 30.0, "d": 0.0}
+    assert _intake(dst[:6], nb[:6], span[:6], ends[:6], np.zeros(6, np.bool_), set(), 0.0, 0.8) == []  # two receivers
+
+
+def test_a_downlink_is_shown_by_the_median_of_its_recent_all_to_alls():
+    # a downlink congested in bursts passes an all-to-all at its usual pace now and then:
+    # its best says nothing, its typical all-to-all does (at least link_min_obs of them)
+    from pulse.localization.evidence import Intake
+
+    congested, healthy = Intake(LocalizeParams()), Intake(LocalizeParams())
+    for t, (c, h) in enumerate(zip([40.0, 0.0, 0.0, 38.0, 0.0], [30.0, 0.0, 32.0, 35.0, 31.0], strict=True)):
+        congested.add("d/mlx5_0", t, c)
+        healthy.add("d/mlx5_0", t, h)
+    assert congested.since(["d"], 0) == {"d/mlx5_0": 0.0}
+    assert healthy.since(["d"], 0) == {"d/mlx5_0": 31.0}
+    assert healthy.since(["d"], 3) == {}  # two all-to-alls since: too few
+    assert healthy.since(["e"], 0) == {}
