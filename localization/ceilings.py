@@ -31,7 +31,11 @@ Physical facts relied on:
   last carries the same bytes, so its busiest epoch is at most n / (n - 2) of its mean
   active epoch; a NIC fed in bursts by late posts goes past that (:meth:`Ceilings.slow_burst`,
   read by the all-to-all peer-rate rule, where an all-to-all's busiest epoch sums its flows
-  to every peer and is not compared across records).
+  to every peer and is not compared across records; a two-rank all-to-all's record has one
+  peer and is).
+* An operator with too few ranks to compare (a pipeline send, a two-rank all-to-all) is
+  compared with the job instead: every other (communicator, rank) pair's ceiling ratio
+  (:meth:`Ceilings._alone`).
 """
 
 from __future__ import annotations
