@@ -788,21 +788,24 @@ def test_a_ring_paced_by_its_link_into_a_starved_receiver_widens_no_group():
     assert ("network-slow", ("x",)) not in slow_link_hypotheses(rated, clean, P, members=members)
 
 
+def _relay(src: str, to: tuple[str, ...], burst: float) -> dict:
+    """A tree relay of src's, slow by ACT, to every node of ``to`` at once, its busiest
+    epochs at ``burst`` of the flat bound."""
+    peers = tuple(ep(d) for d in to)
+    fs = [dataclasses.replace(f, peer_eps=peers, flows=len(peers), burst=burst)
+          for f in slow_link(ep(src), peers[0], 6, comm="t")]
+    return {(ep(src), d): fs for d in peers}
+
+
 def test_a_node_whose_own_relays_moved_in_bursts_is_not_the_cap_of_a_tree():
     # sweep 283 #16: a NIC at 30 % on c of a 7-node tree; every relay of the rail went slow
     # by ACT, x's relay (to c among others) and w's first, and x was the one node in every
     # slow record, its own among them: named. A capped NIC holds its relays' epochs flat;
     # x's busiest epochs were 1.25-1.55 of the flat bound - it forwarded at the pace of
     # its input, in bursts.
-    def relay(src: str, to: tuple[str, ...], burst: float) -> dict:
-        peers = tuple(ep(d) for d in to)
-        fs = [dataclasses.replace(f, peer_eps=peers, flows=len(peers), burst=burst)
-              for f in slow_link(ep(src), peers[0], 6, comm="t")]
-        return {(ep(src), d): fs for d in peers}
-
     def slow(x_burst: float) -> dict:
-        return {**relay("c", ("b", "x"), 1.1), **relay("x", ("a", "c", "d", "w"), x_burst),
-                **relay("w", ("a", "e", "x"), 2.0)}
+        return {**_relay("c", ("b", "x"), 1.1), **_relay("x", ("a", "c", "d", "w"), x_burst),
+                **_relay("w", ("a", "e", "x"), 2.0)}
 
     assert slow_link_hypotheses(slow(1.4), set(), P) == {}
     assert list(slow_link_hypotheses(slow(1.05), set(), P)) == [("network-slow", ("x",))]
@@ -900,14 +903,8 @@ def test_of_several_nodes_in_every_slow_relay_the_one_held_to_one_rate_is_the_ca
     # sweep 293 #11: a NIC at 41 % on z of a 5-node tree; the relays of x, y and z slow,
     # each sending to the other two: all three in every slow record. z's relays held flat
     # (1.03 of the bound), x's and y's in bursts (1.8): they forwarded at z's pace.
-    def relay(src: str, to: tuple[str, ...], burst: float) -> dict:
-        peers = tuple(ep(d) for d in to)
-        fs = [dataclasses.replace(f, peer_eps=peers, flows=len(peers), burst=burst)
-              for f in slow_link(ep(src), peers[0], 6, comm="t")]
-        return {(ep(src), d): fs for d in peers}
-
     def slow(x: float = 1.8, y: float = 1.8, z: float = 1.03) -> dict:
-        return {**relay("x", ("a", "y", "z"), x), **relay("y", ("b", "x", "z"), y), **relay("z", ("b", "x", "y"), z)}
+        return {**_relay("x", ("a", "y", "z"), x), **_relay("y", ("b", "x", "z"), y), **_relay("z", ("b", "x", "y"), z)}
 
     assert list(slow_link_hypotheses(slow(), set(), P)) == [("network-slow", ("z",))]
     assert slow_link_hypotheses(slow(z=1.8), set(), P) == {}           # every relay in bursts: paced from elsewhere
