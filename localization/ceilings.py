@@ -31,11 +31,7 @@ Physical facts relied on:
   last carries the same bytes, so its busiest epoch is at most n / (n - 2) of its mean
   active epoch; a NIC fed in bursts by late posts goes past that (:meth:`Ceilings.slow_burst`,
   read by the all-to-all peer-rate rule, where an all-to-all's busiest epoch sums its flows
-  to every peer and is not compared across records; a two-rank all-to-all's record has one
-  peer and is).
-* An operator with too few ranks to compare (a pipeline send, a two-rank all-to-all) is
-  compared with the job instead: every other (communicator, rank) pair's ceiling ratio
-  (:meth:`Ceilings._alone`).
+  to every peer and is not compared across records).
 """
 
 from __future__ import annotations
@@ -44,6 +40,7 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .finding import burst_of, flatness_known
@@ -68,11 +65,6 @@ class Ceilings:
         self._recent: dict[tuple[str, int], deque[int]] = {}
         self._flat: dict[tuple[str, int], deque[float]] = {}
         self._slow: dict[tuple[str, int], deque[float]] = {}
-        self._any: dict[tuple[str, int], deque[int]] = {}
-        self._ratio: dict[tuple[str, int], float] = {}
-        """(comm, rank) -> the most its last ``ceiling_ops`` records moved in an epoch,
-        short ones included, over its baseline: the job-wide control for operators with too
-        few ranks to compare (a level, not a cap: no flatness asked)."""
 
     def slow_burst(self, comm: str, r: OpMetrics) -> float | None:
         """``r``'s rank was slow both ways in an all-to-all (the peer-rate rule). A NIC held
@@ -105,7 +97,7 @@ class Ceilings:
         whether a record's NIC carried a record of another kind meanwhile (its bytes then
         shared the epochs)."""
         p = self.p
-        if p.ceiling_ops <= 0 or not ordered:
+        if p.ceiling_ops <= 0 or not ordered or ordered[0].kind == GROUPED:
             return {}
         ready: list[tuple[int, int, float, float]] = []
         for i, r in enumerate(ordered):
@@ -118,12 +110,6 @@ class Ceilings:
             if len(base) < p.late_base_ops:
                 base.append(pk)
                 continue
-            seen = self._any.get(key)
-            if seen is None:
-                seen = self._any[key] = deque(maxlen=p.ceiling_ops)
-            seen.append(pk)
-            if len(seen) == p.ceiling_ops:
-                self._ratio[key] = max(seen) / max(base)
             if not flatness_known(r.act_ns, r.epoch_ns):
                 continue
             rec = self._recent.get(key)
@@ -138,35 +124,13 @@ class Ceilings:
                 top = max(rec)
                 ready.append((i, top, top / max(base), top / min(rec)))
         if len(ready) < p.min_ranks:
-            return self._alone(comm, ordered, ready, shared)
+            return {}
         med = median([x[2] for x in ready])
         _, low, _, flat = min(ready, key=lambda x: x[1])
         out: dict[int, tuple[float, float]] = {}
         for i, top, ratio, _f in ready:
             if (ratio < p.rate_ratio and ratio < p.rate_ratio * med and top <= low * flat and not shared(i)
                     and not self._bursting((comm, ordered[i].rank))):
-                out[i] = (float(top), float(top / ratio))
-        return out
-
-    def _alone(self, comm: str, ordered: list[OpMetrics], ready: list[tuple[int, int, float, float]],
-               shared: Callable[[int], bool]) -> dict[int, tuple[float, float]]:
-        """Records of an operator with too few ranks to compare (a pipeline send, a two-rank
-        all-to-all) against the job's other communicators and ranks: a ceiling that fell
-        well below where the job's ceilings stand is the record's own (sweep 307 #10, 4
-        nodes in two pipeline stages, every communicator of two ranks: the four pairs on the
-        links of node-01's NIC capped at 0.295 fell from 6.2-6.4 MB per epoch to 1.94, the
-        job's other pairs held at 5.6-6.5; 271 #17, PCIe at 54 % on node-00: its 16 pairs
-        x0.55-0.60, the other 40 held). Which end of such a link is capped is the link
-        rules' to say, as for every capped record."""
-        p = self.p
-        out: dict[int, tuple[float, float]] = {}
-        for i, top, ratio, _f in ready:
-            key = (comm, ordered[i].rank)
-            job = [v for k, v in self._ratio.items() if k != key]
-            if len(job) < 2 * p.min_ranks:
-                continue
-            if (ratio < p.rate_ratio and ratio < p.rate_ratio * median(job) and not shared(i)
-                    and not self._bursting(key)):
                 out[i] = (float(top), float(top / ratio))
         return out
 
