@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pulse.events import reporting_ranks
 from pulse.records import OpMetrics
 
 
@@ -67,18 +68,13 @@ class Aligner:
     def _complete(self, comm: str, recs: dict[int, OpMetrics]) -> bool:
         # Not "the ranks seen so far" at first: under skew those are one node's, and an
         # operator released without its late ranks would have them dropped as too late.
-        # But only ranks that send data report an operator: a Send has one record (its
-        # Recv none), Broadcast/Reduce one fewer than the ranks (the ring's last rank,
-        # the root). Once a communicator's ranks have reported (an operator of it was
-        # released), a rank that never reports for it (its ring hop inside a node) is
-        # not waited for either. Without this, such operators waited for the hold bound
-        # and, released in seq order, held back every later one of their communicator.
+        # But only ranks that send data report an operator (`reporting_ranks`). Once a
+        # communicator's ranks have reported (an operator of it was released), a rank that
+        # never reports for it (its ring hop inside a node) is not waited for either.
+        # Without this, such operators waited for the hold bound and, released in seq
+        # order, held back every later one of their communicator.
         rec = next(iter(recs.values()))
-        need = rec.nranks
-        if rec.kind == "Send":
-            need = 1
-        elif rec.kind in ("Broadcast", "Reduce"):
-            need = max(1, need - 1)
+        need = reporting_ranks(rec.kind, rec.nranks)
         if comm in self.calibrated:
             need = min(need, len(self.known.get(comm, ())))
         return len(recs) >= need

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from pulse.events import COLLECTIVES, GROUPED, HookEvent, OpEvent
+from pulse.events import COLLECTIVES, GROUPED, HookEvent, OpEvent, reporting_ranks
 from pulse.records import OpMetrics, Verdict
 
 from .decisions import DecisionBook, Hypothesis, Key
@@ -127,8 +127,13 @@ class Localizer:
 
     def finish(self) -> list[Verdict]:
         self._final = True  # the end of the data: every remaining operator re-evaluates
+        closed = self.ev.closed_ops
         out = self._close(set(self._pending), final=True)
-        if not self.book.any_alarm and self.ev.closed_ops:
+        if self.ev.closed_ops == closed and closed:
+            # nothing was left to judge: the end of the data is still a time to decide (what
+            # the last operators showed may have come in after the last evaluation)
+            out += self.book.decide(self.ev, set(), self.job or "", True, self._hypotheses, [])
+        if not self.book.any_alarm and self.ev.closed_ops and not any(v.status == "healthy" for v in out):
             out.append(self.book.healthy(self.job or "", self.ev))
         return out
 
@@ -146,7 +151,7 @@ class Localizer:
             nranks = self.topo.nranks.get(comm, len(members))
             for seq in sorted(ops):
                 recs = ops[seq]
-                full = len(recs) >= max(nranks, len(members))
+                full = len(recs) >= reporting_ranks(next(iter(recs.values())).kind, max(nranks, len(members)))
                 if not (final or full or self._max_seq.get(comm, -1) >= seq + self.p.close_lag):
                     break
                 del ops[seq]

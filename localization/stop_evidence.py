@@ -69,6 +69,10 @@ class StopEvidence:
         if e.t_host_ns is not None and e.rank is not None:
             self.last_recv[key] = (e.seq, e.rank, e.t_host_ns)
 
+    def counts(self) -> tuple[int, int]:
+        """How many stalls and absences are held (the stop rules' evidence)."""
+        return len(self.stalls), len(self.absent)
+
     def settled(self) -> bool:
         """Whether the stop rules waited and nothing is in flight any more."""
         return self.deferred and not self.in_flight()

@@ -36,6 +36,18 @@ ALGOS = ("ring", "tree", "unknown")
 DIRECTIONS = ("send", "recv")
 TRANSPORTS = ("roce", "ib", "tcp")
 
+
+def reporting_ranks(kind: str, nranks: int) -> int:
+    """How many of an operator's ranks report a record: only ranks that send data do. A
+    Send has one (its Recv none), Broadcast and Reduce one fewer than the ranks (the ring's
+    last rank, the root); every rank of the others. A rank whose ring hop stays inside its
+    node reports none either; only the communicator's records so far can tell that."""
+    if kind == "Send":
+        return 1
+    if kind in ("Broadcast", "Reduce"):
+        return max(1, nranks - 1)
+    return nranks
+
 DTYPE_SIZES = {
     "int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
     "float16": 2, "float32": 4, "float64": 8, "bfloat16": 2, "float8e4m3": 1, "float8e5m2": 1,

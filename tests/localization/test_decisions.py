@@ -4,7 +4,7 @@ hand-built findings."""
 from __future__ import annotations
 
 from pulse.localization.decisions import make_hypothesis
-from pulse.localization.finding import ACT
+from pulse.localization.finding import ACT, STALL
 from pulse.localization.params import LocalizeParams
 
 from .findings import ep, finding
@@ -119,3 +119,73 @@ def test_the_hypotheses_are_asked_again_once_the_stop_rules_have_nothing_in_flig
     ev.stops.note_judged("c", 3, ["a"])
     book.decide(ev, {"a"}, "j", False, hyps)
     assert len(asked) == 2
+
+
+def test_the_hypotheses_are_asked_once_per_slot_of_a_fixed_grid_of_trace_time():
+    # relative to the last evaluation, the next one moved with every operator judged out of
+    # order, and so did every later one: the agents and `pulse diagnose` then raised the
+    # same incident an operator apart. On a fixed grid the slots stay where they are.
+    from pulse.localization.decisions import DecisionBook
+
+    from .findings import evidence, observe
+
+    ev, p = evidence()
+    book = DecisionBook(p)
+    observe(ev, ep("x"), ep("y"), [True] * 4)
+    every = p.hypotheses_every_ns
+    asked = []
+
+    def hyps():
+        asked.append(ev.last_end_ns)
+        return {}
+    base = 10 * every
+    for t in (0.0, 0.75, 1.25, 1.9, 2.1, 2.2, 3.05):  # in units of `every`
+        ev.last_end_ns = base + int(t * every)
+        book.decide(ev, {"a"}, "j", False, hyps)
+    # a grid that moved would have asked at 0, 1.25 and 3.05
+    assert [(a - base) / every for a in asked] == [0.0, 1.25, 2.1, 3.05]
+
+
+def test_new_stop_evidence_is_asked_at_once_within_a_slot():
+    # after a hang the trace time stops moving: the stalls of the last operators judged came
+    # in the slot already evaluated, and the stop rules were never asked (sweep 307 #12)
+    from pulse.localization.decisions import DecisionBook
+
+    from .findings import evidence, finding, observe
+
+    ev, p = evidence()
+    book = DecisionBook(p)
+    observe(ev, ep("x"), ep("y"), [True] * 4)
+    asked = []
+
+    def hyps():
+        asked.append(ev.stops.counts())
+        return {}
+    book.decide(ev, {"a"}, "j", False, hyps)
+    book.decide(ev, {"a"}, "j", False, hyps)
+    assert asked == [(0, 0)]
+    ev.stops.stalls.append(finding(STALL, "a"))
+    book.decide(ev, {"a"}, "j", False, hyps)
+    assert asked == [(0, 0), (1, 0)]
+
+
+def test_the_end_of_the_data_decides_even_with_nothing_left_to_judge():
+    from pulse.localization.localizer import Localizer
+
+    from . import synth
+    from .findings import observe
+
+    loc = Localizer(LocalizeParams())
+    loc.add_events(synth.events())
+    loc.update(sorted(synth.metrics(ops=12), key=lambda m: m.end_ns))
+    assert not any(loc._pending.values())  # every operator judged already
+    observe(loc.ev, ep("x"), ep("y"), [True] * 4)  # evidence held
+    hyp = make_hypothesis(LocalizeParams(), "network-stop", "node", ("a",), _fs(4), culprit="a")
+    finals = []
+
+    def hyps():
+        finals.append(loc._final)
+        return {("network-stop", ("a",)): hyp} if loc._final else {}
+    loc._hypotheses = hyps
+    out = loc.finish()
+    assert True in finals and [(v.kind, v.nodes) for v in out if v.status == "anomaly"] == [("network-stop", ["a"])]
