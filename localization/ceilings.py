@@ -40,12 +40,20 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from pulse.events import GROUPED
 from pulse.records import OpMetrics
 
 from .finding import burst_of, flatness_known
 from .params import LocalizeParams
 from .robust import median
+
+LEVEL_KEEP_NS = 2_000_000_000
+"""How long each rank's job-wide levels (:meth:`Ceilings._alone`) are kept in trace time: the
+aligner releases an operator at most its hold (1 s) out of end-time order, so a record is
+never judged further behind another communicator's than that."""
+LEVEL_STEP_NS = 10_000_000
+"""At most one level per rank is kept per this much trace time (a level moves over several
+records; a 1,024-GPU job has thousands of ranks). Entries are never changed once kept, so
+what a lookup finds does not depend on when it is made."""
 
 BURST_OPS = 3
 """Slow records of an all-to-all rank over which :meth:`Ceilings.slow_burst` takes its
@@ -65,6 +73,13 @@ class Ceilings:
         self._recent: dict[tuple[str, int], deque[int]] = {}
         self._flat: dict[tuple[str, int], deque[float]] = {}
         self._slow: dict[tuple[str, int], deque[float]] = {}
+        self._any: dict[tuple[str, int], deque[int]] = {}
+        self._alone_shared: dict[tuple[str, int], deque[bool]] = {}
+        self._level: dict[tuple[str, int], deque[tuple[int, float]]] = {}
+        """(comm, rank) -> (a record's end, the most its last ``ceiling_ops`` records moved in
+        an epoch, short ones included, over its baseline): the job-wide control for
+        operators with too few ranks to compare (a level, not a cap: no flatness asked),
+        read as of a time so that the order operators are judged in changes nothing."""
 
     def slow_burst(self, comm: str, r: OpMetrics) -> float | None:
         """``r``'s rank was slow both ways in an all-to-all (the peer-rate rule). A NIC held
@@ -97,7 +112,7 @@ class Ceilings:
         whether a record's NIC carried a record of another kind meanwhile (its bytes then
         shared the epochs)."""
         p = self.p
-        if p.ceiling_ops <= 0 or not ordered or ordered[0].kind == GROUPED:
+        if p.ceiling_ops <= 0 or not ordered:
             return {}
         ready: list[tuple[int, int, float, float]] = []
         for i, r in enumerate(ordered):
@@ -110,6 +125,7 @@ class Ceilings:
             if len(base) < p.late_base_ops:
                 base.append(pk)
                 continue
+            self._note_level(key, pk, r.end_ns, max(base))
             if not flatness_known(r.act_ns, r.epoch_ns):
                 continue
             rec = self._recent.get(key)
@@ -124,13 +140,66 @@ class Ceilings:
                 top = max(rec)
                 ready.append((i, top, top / max(base), top / min(rec)))
         if len(ready) < p.min_ranks:
-            return {}
+            return self._alone(comm, ordered, ready, shared)
         med = median([x[2] for x in ready])
         _, low, _, flat = min(ready, key=lambda x: x[1])
         out: dict[int, tuple[float, float]] = {}
         for i, top, ratio, _f in ready:
             if (ratio < p.rate_ratio and ratio < p.rate_ratio * med and top <= low * flat and not shared(i)
                     and not self._bursting((comm, ordered[i].rank))):
+                out[i] = (float(top), float(top / ratio))
+        return out
+
+    def _note_level(self, key: tuple[str, int], pk: int, end_ns: int, base: int) -> None:
+        seen = self._any.get(key)
+        if seen is None:
+            seen = self._any[key] = deque(maxlen=self.p.ceiling_ops)
+            self._level[key] = deque()
+        seen.append(pk)
+        lv = self._level[key]
+        if len(seen) == self.p.ceiling_ops and (not lv or end_ns - lv[-1][0] >= LEVEL_STEP_NS):
+            lv.append((end_ns, max(seen) / base))
+            while len(lv) > 1 and lv[1][0] <= end_ns - LEVEL_KEEP_NS:
+                lv.popleft()
+
+    def _level_at(self, key: tuple[str, int], t_ns: int) -> float | None:
+        """The rank's level as of its last record that ended by ``t_ns``."""
+        for end, ratio in reversed(self._level.get(key, ())):
+            if end <= t_ns:
+                return ratio
+        return None
+
+    def _alone(self, comm: str, ordered: list[OpMetrics], ready: list[tuple[int, int, float, float]],
+               shared: Callable[[int], bool]) -> dict[int, tuple[float, float]]:
+        """Records of an operator with too few ranks to compare (a pipeline send, a two-rank
+        all-to-all) against the job's other communicators and ranks: a ceiling that fell
+        well below where the job's ceilings stand is the record's own (sweep 307 #10, 4
+        nodes in two pipeline stages, every communicator of two ranks: the four pairs on the
+        links of node-01's NIC capped at 0.295 fell from 6.2-6.4 MB per epoch to 1.94, the
+        job's other pairs held at 5.6-6.5). Which end of such a link is capped is the link
+        rules' to say, as for every capped record.
+
+        What the judgement reads from other communicators is read so that the order the
+        operators are judged in - end-time order, but not strictly: a pipeline send waits
+        for later sends, an operator for a late rank - hardly matters (the agents and ``pulse
+        diagnose`` disagreed by one operator on the battery's moe-slow-nic when it did): the
+        job's levels as of records that ended before this one started by more than the clock
+        skew bound (on any node's clock, before it), and whether the rank's NIC carried
+        another kind's bytes meanwhile over its recent records, most of them, not this one
+        alone (the other kind's overlapping record may be released after it)."""
+        p = self.p
+        out: dict[int, tuple[float, float]] = {}
+        for i, top, ratio, _f in ready:
+            key = (comm, ordered[i].rank)
+            was = self._alone_shared.get(key)
+            if was is None:
+                was = self._alone_shared[key] = deque(maxlen=p.ceiling_ops)
+            was.append(shared(i))
+            if ratio >= p.rate_ratio or 2 * sum(was) >= len(was) or self._bursting(key):
+                continue
+            t = ordered[i].start_ns - p.clock_skew_ns
+            job = [v for k in self._level if k != key and (v := self._level_at(k, t)) is not None]
+            if len(job) >= 2 * p.min_ranks and ratio < p.rate_ratio * median(job):
                 out[i] = (float(top), float(top / ratio))
         return out
 

@@ -89,6 +89,8 @@ def judge(view: OpView, p: LocalizeParams, act_ref: float | None, stretch: float
     out.judged = list(range(n))
     if view.kind == GROUPED:
         _judge_rate(view, p, act_ref, out, burst)
+        if capped:
+            _judge_capped(view, out, capped)
     else:
         _judge_act(view, p, act_ref, out, stretch, stragglers, capped or {})
     if view.kind in P2P:

@@ -227,3 +227,41 @@ def test_a_rank_whose_records_are_too_short_to_show_their_flatness_is_not_judged
     assert last(nbytes // 2, 2 * e) == {} and last(nbytes // 2, 3 * e) == {}
     # the same bytes held to 0.4 of line rate: four epochs, two of them whole and at the cap
     assert last(int(0.4 * LINE), 4 * e).keys() == {1}
+
+
+def _send(comm: str, seq: int, pk: int, kind: str = "Send") -> list:
+    return [synth.record(comm, seq, 0, 1, kind=kind, nranks=2, start=seq * 10**7, end=seq * 10**7 + 400_000,
+                         t_host=seq * 10**7, nic="mlx5_0", peak_epoch_bytes=pk)]
+
+
+def test_a_lone_sender_whose_ceiling_fell_below_the_jobs_is_capped():
+    # sweep 307 #10: 4 nodes in two pipeline stages, every communicator of two ranks; the
+    # pairs on the links of a NIC capped at 0.295 fell from 6.3 to 1.94 MB per epoch, the
+    # job's other pairs held. A pipeline send has no other rank to compare with: the job's
+    # other communicators are the control (their short records count for the level only)
+    p = LocalizeParams()
+    steps = p.late_base_ops + p.ceiling_ops + 1  # one more: the others' windows fill after pp0's
+    ceil = Ceilings(p)
+    comms = [f"pp{k}" for k in range(8)]
+    got = {}
+    for s in range(steps):
+        after = s >= p.late_base_ops
+        for c in comms:
+            pk = int(0.3 * LINE) if after and c == "pp0" else LINE
+            got[c] = ceil.capped(c, _send(c, s, pk), [1], lambda i: False)
+    assert got["pp0"] == {0: (pytest.approx(0.3 * LINE, abs=1), pytest.approx(LINE, abs=1))}
+    assert all(got[c] == {} for c in comms[1:])
+    # every communicator's ceiling fell alike (smaller buckets): nobody
+    ceil = Ceilings(p)
+    for s in range(steps):
+        for c in comms:
+            got[c] = ceil.capped(c, _send(c, s, int(0.3 * LINE) if s >= p.late_base_ops else LINE), [1],
+                                 lambda i: False)
+    assert all(g == {} for g in got.values())
+    # too few other communicators to say where the job stands: nobody
+    ceil = Ceilings(p)
+    for s in range(steps):
+        for c in comms[:3]:
+            pk = int(0.3 * LINE) if s >= p.late_base_ops and c == "pp0" else LINE
+            got[c] = ceil.capped(c, _send(c, s, pk), [1], lambda i: False)
+    assert got["pp0"] == {}
