@@ -173,6 +173,10 @@ def one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates
     no less a rate their NICs reached."""
     if rates is None or len(covers) != 2 or len({node_of(a) for a, _ in slow}) != 1:
         return False
+    x = node_of(next(iter(slow))[0])
+    y = next(c for c in covers if c != x)
+    if _seen_short(slow, clean, rates, x, True, covers) or _seen_short(slow, clean, rates, y, False, covers):
+        return False
     timed = [f for f in hits if f.metric == "act_ns"]
     if not (held_to_one_rate(hits) and 2 * sum(f.busy() for f in timed) > len(timed) > 0):
         return False
@@ -181,6 +185,23 @@ def one_way_path(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates
     both = Rates(rates[0], _most(rates[1], lo), _most(rates[2], own))
     return (beaten_on_every_nic(slow, shown, both, covers, sends=True, reverse=True)
             and beaten_on_every_nic(slow, shown, both, covers, sends=False, reverse=True))
+
+
+def _seen_short(slow: dict[Link, list[Finding]], clean: set[Link], rates: Rates, x: str, sends: bool,
+                covers: Collection[str]) -> bool:
+    """Whether x is seen, on clean links with a third node in the slow links' direction (its
+    sends when ``sends``, else what it receives) at known rates, and none of them moved more
+    than the slow links got (:func:`capable`): then x's own NIC is as slow with everyone,
+    and a path between the two ends does not explain the slow links - a ring between them
+    shows nothing else and is not asked. Sweep 293 #4: congestion into node-03's downlinks,
+    node-02's sends into it held flat at 9.5-11.9 GB/s on four NICs and node-02 seen sending
+    and receiving at 16.4 elsewhere, while node-03's pipeline receives from node-01, not
+    slow enough to be flagged, took 8.2-9.4: the pair was named a path (node-02 a wrong
+    blame) before node-01's sends were flagged and named node-03."""
+    shown = rates[1] if sends else rates[2]
+    end, far = (0, 1) if sends else (1, 0)
+    seen = any(node_of(k[end]) == x and node_of(k[far]) not in covers and shown.get(k, 0.0) > 0 for k in clean)
+    return seen and not capable(slow, clean, rates, x, sends, covers)
 
 
 def _most(a: dict[Link, float], b: dict[Link, float]) -> dict[Link, float]:

@@ -708,6 +708,27 @@ def test_a_one_way_link_that_bursts_or_whose_ends_are_not_cleared_the_other_way_
     assert slow_link_hypotheses(*_ring_link(0.99, y_out=12.0)[:2], P, _ring_link(0.99, y_out=12.0)[2]) == {}
 
 
+def test_a_one_way_link_is_no_path_while_its_receiver_takes_no_more_from_a_third_node():
+    # sweep 293 #4: congestion into node-03's downlinks; node-02's sends into it held flat
+    # (9.5-11.9 GB/s) and node-02 seen at 16.4 with its other peer, while node-03's pipeline
+    # receives from node-01, not slow enough to be flagged, took 8.2-9.4: its downlink is as
+    # slow with everyone, so the pair is no path (node-02 was blamed with it)
+    slow, clean, (slow_hi, lo, into) = _ring_link(0.99)
+    third = {(ep("v", k), ep("y", k)) for k in range(4)}
+    assert list(slow_link_hypotheses(slow, clean | third, P, (slow_hi, {**lo, **dict.fromkeys(third, 12.0)},
+                                                               {**into, **dict.fromkeys(third, 12.0)}))) != \
+        [("path", ("x", "y"))]
+    # what y takes in from the third node beats the slow links: the path again
+    assert list(slow_link_hypotheses(slow, clean | third, P, (slow_hi, {**lo, **dict.fromkeys(third, 30.0)},
+                                                               {**into, **dict.fromkeys(third, 30.0)}))) == \
+        [("path", ("x", "y"))]
+    # x seen sending to a third node no faster than the slow links: no path either
+    out = {(ep("x", k), ep("u", k)) for k in range(4)}
+    assert list(slow_link_hypotheses(slow, clean | out, P, (slow_hi, {**lo, **dict.fromkeys(out, 12.0)},
+                                                             {**into, **dict.fromkeys(out, 12.0)}))) != \
+        [("path", ("x", "y"))]
+
+
 def test_an_all_to_alls_clean_share_of_a_link_does_not_hide_a_rings_slow_sends_over_it():
     # sweep 199 #19: a path at 23 % of its rate under MoE; the ring's sends over it slow in
     # every operator, the all-to-all's share of the same link (1/13 of a NIC) clean, five
