@@ -63,14 +63,6 @@ def make_hypothesis(p: LocalizeParams, kind: str, level: str, nodes: tuple[str, 
 
 _NO_DATA = frozenset({"no_epoch_data"})
 
-
-def _grid(t_ns: int, every_ns: int) -> int:
-    """The slot of trace time ``t_ns`` falls in: hypotheses are evaluated once per slot on a
-    fixed grid, not every ``every_ns`` after the last evaluation - a grid that moved with
-    each evaluation carried any difference in the order operators were judged in into every
-    later evaluation, and a verdict then came an operator earlier or later (the agents and
-    ``pulse diagnose`` on the battery's moe-slow-nic)."""
-    return t_ns // every_ns if every_ns > 0 else t_ns
 _LINK_KINDS = frozenset({"network-slow", "host-contention", "path"})
 
 
@@ -136,9 +128,9 @@ class DecisionBook:
         if not (ev.busy() or self.open):
             self._hyps, self._hyps_at = {}, None
         elif (final or self._hyps_at is None or ev.stops.settled() or self._stops_at != ev.stops.counts()
-              or _grid(ev.last_end_ns, p.hypotheses_every_ns) != _grid(self._hyps_at, p.hypotheses_every_ns)):
+              or ev.last_end_ns - self._hyps_at >= p.hypotheses_every_ns):
             # new stop evidence is asked at once: after a hang the trace time stops moving,
-            # and the stalls of the last operators came in the slot already evaluated
+            # and the stalls of the last operators came in after the last evaluation
             # (sweep 307 #12, a NIC down under MoE: no verdict)
             self._hyps, self._hyps_at, self._stops_at = hypotheses(), ev.last_end_ns, ev.stops.counts()
         hyps = self._hyps

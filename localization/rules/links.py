@@ -204,6 +204,13 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
                        for e in peers):
                 return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
+    if len(covers) == 2 and named & set(covers) and _unexplained(slow, named) < 2:
+        # every slow link is at a node named in an open network incident: that incident's
+        # (as for a group below); the other end, or the pair as a path, would stand on one
+        # link at most (sweep 281 #7: congestion into node-12's downlinks under MoE, named
+        # network-slow; 680 ms later its ring partner node-15's sends into it - the same
+        # starved downlink - named a path {node-12, node-15})
+        return {}
     if len(covers) == 2:
         a, b = covers
         if len({tuple(sorted(k)) for k in slow}) >= p.path_min_links and one_way():
@@ -335,7 +342,7 @@ def slow_link_hypotheses(slow: dict[Link, list[Finding]], clean: set[Link], p: L
         if bursting_relays([f for f in hits if f.node == x], p.rate_ratio):
             return {}
         return {("network-slow", (x,)): make_hypothesis(p, "network-slow", "node", (x,), hits, culprit=x)}
-    if named & set(nodes_in) and len([k for k in slow if not {node_of(k[0]), node_of(k[1])} & named]) < 2:
+    if named & set(nodes_in) and _unexplained(slow, named) < 2:
         # The links at a node named in an open network incident are that incident's; a
         # group naming more nodes stands on what is left, and one slow link fits its
         # sender, its receiver and the path alike (sweep 347 #5: congestion into node-06's
@@ -436,3 +443,8 @@ def _no_host_nor_nic(slow: dict[Link, list[Finding]], clean: set[Link], rates: R
             and 2 * sum(f.consistent for f in hits) > len(hits)
             and beaten_on_every_nic(slow, clean, rates, covers, sends=True)
             and beaten_on_every_nic(slow, clean, rates, covers, sends=False))
+
+
+def _unexplained(slow: dict[Link, list[Finding]], named: frozenset[str]) -> int:
+    """How many slow links touch no node named in an open network incident."""
+    return sum(1 for k in slow if not {node_of(k[0]), node_of(k[1])} & named)

@@ -121,31 +121,6 @@ def test_the_hypotheses_are_asked_again_once_the_stop_rules_have_nothing_in_flig
     assert len(asked) == 2
 
 
-def test_the_hypotheses_are_asked_once_per_slot_of_a_fixed_grid_of_trace_time():
-    # relative to the last evaluation, the next one moved with every operator judged out of
-    # order, and so did every later one: the agents and `pulse diagnose` then raised the
-    # same incident an operator apart. On a fixed grid the slots stay where they are.
-    from pulse.localization.decisions import DecisionBook
-
-    from .findings import evidence, observe
-
-    ev, p = evidence()
-    book = DecisionBook(p)
-    observe(ev, ep("x"), ep("y"), [True] * 4)
-    every = p.hypotheses_every_ns
-    asked = []
-
-    def hyps():
-        asked.append(ev.last_end_ns)
-        return {}
-    base = 10 * every
-    for t in (0.0, 0.75, 1.25, 1.9, 2.1, 2.2, 3.05):  # in units of `every`
-        ev.last_end_ns = base + int(t * every)
-        book.decide(ev, {"a"}, "j", False, hyps)
-    # a grid that moved would have asked at 0, 1.25 and 3.05
-    assert [(a - base) / every for a in asked] == [0.0, 1.25, 2.1, 3.05]
-
-
 def test_new_stop_evidence_is_asked_at_once_within_a_slot():
     # after a hang the trace time stops moving: the stalls of the last operators judged came
     # in the slot already evaluated, and the stop rules were never asked (sweep 307 #12)

@@ -920,6 +920,20 @@ def test_one_stray_link_widens_no_group_beyond_the_node_already_named():
     assert list(slow_link_hypotheses({**into_x, **stray2}, clean, P, named=frozenset({"x"}))) == [("path", ("v", "x"))]
 
 
+def test_no_path_with_a_node_already_named_on_its_links_alone():
+    # sweep 281 #7: congestion into node-12's downlinks under MoE, named network-slow;
+    # 680 ms later its ring partner's sends into it - the same starved downlink - were named
+    # a path {node-12, node-15}. The links at a named node are its incident's.
+    slow, clean, rates = _one_way()
+    assert list(slow_link_hypotheses(slow, clean, P, rates)) == [("path", ("a", "b"))]  # nothing named: as before
+    assert slow_link_hypotheses(slow, clean, P, rates, named=frozenset({"b"})) == {}
+    assert slow_link_hypotheses(slow, clean, P, rates, named=frozenset({"a"})) == {}
+    # two slow links away from the named node stand on their own
+    away = {(ep("u", k), ep("v", k)): slow_link(ep("u", k), ep("v", k), n=9) for k in (0, 1)}
+    assert slow_link_hypotheses({**slow, **away}, clean, P, rates, named=frozenset({"c"})) == \
+        slow_link_hypotheses({**slow, **away}, clean, P, rates)
+
+
 def test_of_several_nodes_in_every_slow_relay_the_one_held_to_one_rate_is_the_cap():
     # sweep 293 #11: a NIC at 41 % on z of a 5-node tree; the relays of x, y and z slow,
     # each sending to the other two: all three in every slow record. z's relays held flat
