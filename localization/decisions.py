@@ -62,7 +62,6 @@ def make_hypothesis(p: LocalizeParams, kind: str, level: str, nodes: tuple[str, 
 
 
 _NO_DATA = frozenset({"no_epoch_data"})
-
 _LINK_KINDS = frozenset({"network-slow", "host-contention", "path"})
 
 

@@ -48,6 +48,7 @@ def reporting_ranks(kind: str, nranks: int) -> int:
         return max(1, nranks - 1)
     return nranks
 
+
 DTYPE_SIZES = {
     "int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8,
     "float16": 2, "float32": 4, "float64": 8, "bfloat16": 2, "float8e4m3": 1, "float8e5m2": 1,
